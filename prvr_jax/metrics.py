@@ -1,0 +1,122 @@
+"""Retrieval metrics of the PRVR protocol: ranks, R@K, SumR, M/V groups.
+
+Official protocol (GMMFormer / GMMFormer v2 / MS-SL validation code): for every
+query, sort all videos by descending score; the query's rank is 1 + the position
+of its (best) ground-truth video; R@K = 100 * #(rank <= K) / #queries and
+SumR = R@1 + R@5 + R@10 + R@100.
+
+Tie rule (ours; the official code uses an unstable argsort, so its ties are
+arbitrary): candidates are ordered by descending score and, among equal scores,
+by ascending column index. The rank of a ground truth `g` of row `i` is therefore
+  1 + #{j : s[i, j] > s[i, g]} + #{j < g : s[i, j] == s[i, g]},
+and with several ground truths the smallest of their ranks counts. NaN scores are
+rejected rather than ranked.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+RECALL_KS = (1, 5, 10, 100)
+# Moment-to-video ratio groups of the GMMFormer paper (ActivityNet, Fig. 4):
+# M/V in (0, 0.25], (0.25, 0.5], (0.5, 1.0]. MS-SL and AMDNet use
+# ((0, 0.2), (0.2, 0.4), (0.4, 1.0)); pass those through `config.eval.mv_groups`.
+DEFAULT_MV_GROUPS = ((0.0, 0.25), (0.25, 0.5), (0.5, 1.0))
+
+_ROW_CHUNK = 1024  # rows compared at once: bounds memory to chunk x columns
+
+
+def ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
+  """Rank (1-based) of the best positive column of each row, under the tie rule.
+
+  Args:
+    scores: [N, M] float, higher is better.
+    positives: [N, M] bool, at least one True per row.
+
+  Returns:
+    [N] int64 ranks in [1, M].
+  """
+  scores = np.asarray(scores)
+  positives = np.asarray(positives, dtype=bool)
+  if scores.ndim != 2 or scores.shape != positives.shape:
+    raise ValueError(f'scores {scores.shape} and positives {positives.shape} must be '
+                     'the same [rows, columns] shape.')
+  if np.isnan(scores).any():
+    raise ValueError('Score matrix holds NaN; cannot rank.')
+  missing = np.flatnonzero(~positives.any(axis=1))
+  if missing.size:
+    raise ValueError(f'Rows {missing[:10].tolist()} have no ground-truth column.')
+  num_cols = scores.shape[1]
+  cols = np.arange(num_cols)
+  out = np.empty(scores.shape[0], np.int64)
+  for start in range(0, scores.shape[0], _ROW_CHUNK):
+    s = scores[start:start + _ROW_CHUNK]
+    pos = positives[start:start + _ROW_CHUNK]
+    # Per row: among the positives, the best one under the tie rule is the one
+    # with the highest score and, on equal scores, the lowest column.
+    masked = np.where(pos, s, -np.inf)
+    best_score = masked.max(axis=1, keepdims=True)
+    best_col = np.argmax(pos & (s == best_score), axis=1)[:, None]
+    ahead = (s > best_score) | ((s == best_score) & (cols[None, :] < best_col))
+    out[start:start + _ROW_CHUNK] = 1 + ahead.sum(axis=1)
+  return out
+
+
+def recalls(rank: np.ndarray, ks: Sequence[int] = RECALL_KS,
+            prefix: str = '') -> dict[str, float]:
+  """{'r1': .., 'r5': .., 'r10': .., 'r100': .., 'sumr': ..} in percent.
+
+  R@K = 100 * #(rank <= K) / #rows; SumR = sum over `ks`. Empty input gives 0s.
+  """
+  rank = np.asarray(rank)
+  out = {}
+  for k in ks:
+    out[f'{prefix}r{k}'] = float(100.0 * np.sum(rank <= k) / max(rank.size, 1))
+  out[f'{prefix}sumr'] = float(sum(out[f'{prefix}r{k}'] for k in ks))
+  return out
+
+
+def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
+                      moment_ratio: np.ndarray | None = None,
+                      mv_groups: Sequence[tuple[float, float]] = DEFAULT_MV_GROUPS,
+                      ) -> dict[str, float]:
+  """Text-to-video and video-to-text metrics of a full score matrix.
+
+  Args:
+    scores: [Nq, Nv] query-video scores (rows queries, columns videos).
+    query_video: [Nq] int, ground-truth column of each query.
+    moment_ratio: optional [Nq] float, the query's moment length / video length
+      (NaN where unknown). When given, adds the text-to-video SumR of each M/V
+      group `(lo, hi]` as `mv_<lo>_<hi>_sumr` and its query count `mv_<lo>_<hi>_count`.
+    mv_groups: the `(lo, hi]` groups.
+
+  Returns:
+    Flat dict: t2v `r1, r5, r10, r100, sumr`; v2t `v2t_r1, ..., v2t_sumr` (a video's
+    rank is that of its best-ranked query; videos without a query are skipped);
+    `num_queries`, `num_videos`.
+  """
+  scores = np.asarray(scores)
+  query_video = np.asarray(query_video, np.int64)
+  num_queries, num_videos = scores.shape
+  if query_video.shape != (num_queries,):
+    raise ValueError(f'query_video has shape {query_video.shape}; expected ({num_queries},).')
+  if num_queries and (query_video.min() < 0 or query_video.max() >= num_videos):
+    raise ValueError(f'query_video indices must lie in [0, {num_videos}).')
+  positives = query_video[:, None] == np.arange(num_videos)[None, :]
+  t2v = ranks(scores, positives)
+  out = recalls(t2v)
+  has_query = positives.any(axis=0)
+  v2t = ranks(scores.T[has_query], positives.T[has_query])
+  out.update(recalls(v2t, prefix='v2t_'))
+  out['num_queries'] = num_queries
+  out['num_videos'] = num_videos
+  if moment_ratio is not None:
+    moment_ratio = np.asarray(moment_ratio, np.float64)
+    if moment_ratio.shape != (num_queries,):
+      raise ValueError(f'moment_ratio has shape {moment_ratio.shape}; expected ({num_queries},).')
+    for lo, hi in mv_groups:
+      in_group = (moment_ratio > lo) & (moment_ratio <= hi)
+      name = f'mv_{lo:g}_{hi:g}'
+      out[f'{name}_sumr'] = recalls(t2v[in_group])['sumr']
+      out[f'{name}_count'] = int(in_group.sum())
+  return out
