@@ -1,0 +1,1 @@
+"""Data: release readers (`release`), preprocessing (`preprocess`), TFRecord preparation and pipelines."""

@@ -1,0 +1,733 @@
+"""Readers (and small writers) for the MS-SL feature release layout.
+
+Layout of one collection folder `<root>/<collection>/`::
+
+  TextData/<collection>{train,val,test}.caption.txt     `<cap_id> <caption>` lines
+  TextData/roberta_<collection>_query_feat.hdf5          cap_id -> [n_tokens, Dq]
+  FeatureData/<visual_feature>/feature.bin               float32 rows (BigFile)
+  FeatureData/<visual_feature>/id.txt                    whitespace-separated frame ids
+  FeatureData/<visual_feature>/shape.txt                 "N D"
+  FeatureData/<visual_feature>/video2frames.txt          dict literal video_id -> frame ids
+
+AMDNet's CLIP layout (`text_feature='clip'`) replaces the BigFile and the RoBERTa file
+with `FeatureData/new_clip_vit_32_<collection>_vid_features.hdf5` (video_id ->
+[n_frames, 512]) and `TextData/clip_ViT_B_32_<collection>_query_feat.hdf5` (cap_id ->
+[512]). The video id of a caption is its cap_id up to the first '#'.
+
+Every problem raises `DataError` (or `FileNotFoundError`) naming the file and the id at
+fault. `skip_bad_items=True` skips bad videos / captions instead, records each one in
+`ReleaseSplit.skipped` and logs a warning with the count.
+"""
+
+import ast
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import h5py
+import numpy as np
+
+from prvr_jax.data import preprocess
+
+_log = logging.getLogger(__name__)
+
+TEXT_FEATURES = ('roberta', 'clip')
+_SPLIT_ORDER = ('train', 'val', 'test')
+_CAPTION_SUFFIX = '.caption.txt'
+_MAX_LISTED = 5
+
+
+class DataError(ValueError):
+  """Malformed or inconsistent release data; the message names the file and the id."""
+
+
+def video_id_of(cap_id: str) -> str:
+  """Video id of a caption id: the part before the first '#'."""
+  return cap_id.split('#', 1)[0]
+
+
+def _raise_problems(problems: Sequence[str], what: str) -> None:
+  if not problems:
+    return
+  listed = '\n  '.join(problems[:_MAX_LISTED])
+  more = f'\n  ... and {len(problems) - _MAX_LISTED} more' if len(problems) > _MAX_LISTED else ''
+  raise DataError(f'{len(problems)} bad item(s) in {what}:\n  {listed}{more}\n'
+                  'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
+
+
+def _require_files(paths: Sequence[str], what: str) -> None:
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise FileNotFoundError(
+        f'{what}: missing file(s):\n  ' + '\n  '.join(missing)
+        + '\nexpected: ' + ', '.join(paths))
+
+
+def _dim_error(flag: str, expected: int, actual: int, path: str) -> DataError:
+  return DataError(f'{flag}={expected} but {path} has feature dim {actual}; '
+                   f'set {flag}={actual} or point to the right features')
+
+
+# ----------------------------------------------------------------------------- BigFile
+
+
+class BigFile:
+  """A memory-mapped BigFile folder (`feature.bin`, `id.txt`, `shape.txt`)."""
+
+  def __init__(self, folder: str):
+    self.folder = os.fspath(folder)
+    self.bin_path = os.path.join(self.folder, 'feature.bin')
+    id_path = os.path.join(self.folder, 'id.txt')
+    shape_path = os.path.join(self.folder, 'shape.txt')
+    _require_files([self.bin_path, id_path, shape_path], f'BigFile {self.folder}')
+
+    with open(shape_path) as f:
+      fields = f.read().split()
+    try:
+      num_rows, dim = (int(v) for v in fields)
+    except ValueError:
+      raise DataError(f'{shape_path}: expected "N D" (two integers), got {" ".join(fields)!r}') from None
+    if num_rows < 1 or dim < 1:
+      raise DataError(f'{shape_path}: N and D must be positive, got {num_rows} {dim}')
+
+    with open(id_path, 'rb') as f:
+      ids = f.read().decode('utf-8').split()
+    if len(ids) != num_rows:
+      raise DataError(f'{id_path} has {len(ids)} ids but {shape_path} says N={num_rows}')
+    self.ids: list[str] = ids
+    self._index = {name: row for row, name in enumerate(ids)}
+    if len(self._index) != num_rows:
+      seen = set()
+      dup = next(name for name in ids if name in seen or seen.add(name))
+      raise DataError(f'{id_path}: duplicate frame id {dup!r}')
+
+    expected = num_rows * dim * 4
+    actual = os.path.getsize(self.bin_path)
+    if actual != expected:
+      raise DataError(f'{self.bin_path}: expected {expected} bytes ({num_rows} x {dim} float32 '
+                      f'from {shape_path}) but the file has {actual} bytes (truncated or wrong shape)')
+    self.shape = (num_rows, dim)
+    self._data = self._open()
+
+  def _open(self) -> np.memmap:
+    return np.memmap(self.bin_path, dtype='<f4', mode='r', shape=self.shape)
+
+  def __getstate__(self):
+    # Pickling a memmap copies its contents; reopen the mapping instead.
+    state = dict(self.__dict__)
+    del state['_data']
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._data = self._open()
+
+  @property
+  def dim(self) -> int:
+    return self.shape[1]
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __contains__(self, frame_id: str) -> bool:
+    return frame_id in self._index
+
+  def rows(self, ids: Sequence[str]) -> np.ndarray:
+    """Row indices `[n]` int64 of `ids`."""
+    try:
+      return np.fromiter((self._index[i] for i in ids), dtype=np.int64, count=len(ids))
+    except KeyError as e:
+      raise DataError(f'frame id {e.args[0]!r} is not in BigFile {self.folder} (id.txt)') from None
+
+  def read(self, ids: Sequence[str]) -> np.ndarray:
+    """Feature rows of `ids`, in the given order: `[n, D]` float32."""
+    return np.asarray(self._data[self.rows(ids)], dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- text files
+
+
+def read_video2frames(path: str) -> dict[str, list[str]]:
+  """Parses `video2frames.txt` (a dict literal, never `eval`ed): video id -> frame ids."""
+  _require_files([path], 'video2frames')
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  try:
+    mapping = ast.literal_eval(text)
+  except (SyntaxError, ValueError) as e:
+    line = f':{e.lineno}' if getattr(e, 'lineno', None) else ''
+    raise DataError(f'{path}{line}: not a Python dict literal ({e.__class__.__name__}: {e})') from None
+  if not isinstance(mapping, dict):
+    raise DataError(f'{path}: expected a dict literal video_id -> [frame ids], got {type(mapping).__name__}')
+  for video_id, frames in mapping.items():
+    if not isinstance(video_id, str):
+      raise DataError(f'{path}: video id {video_id!r} is not a string')
+    if not isinstance(frames, (list, tuple)) or not all(isinstance(x, str) for x in frames):
+      raise DataError(f'{path}: frames of video {video_id!r} are not a list of strings')
+    if isinstance(frames, tuple):
+      mapping[video_id] = list(frames)
+  return mapping
+
+
+def read_captions(path: str) -> list[tuple[str, str]]:
+  """Reads a caption file: `[(cap_id, caption)]` in file order. Blank lines are ignored."""
+  _require_files([path], 'captions')
+  items = []
+  first_line = {}
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, 1):
+      line = line.rstrip('\r\n')
+      if not line.strip():
+        continue
+      if line[0].isspace():
+        raise DataError(f'{path}:{lineno}: line has no caption id (starts with whitespace): {line!r}')
+      parts = line.split(None, 1)
+      if len(parts) < 2 or not parts[1].strip():
+        raise DataError(f'{path}:{lineno}: caption id {parts[0]!r} has no caption text')
+      cap_id, caption = parts[0], parts[1].strip()
+      if not video_id_of(cap_id):
+        raise DataError(f'{path}:{lineno}: caption id {cap_id!r} has an empty video id (before "#")')
+      if cap_id in first_line:
+        raise DataError(f'{path}:{lineno}: duplicate caption id {cap_id!r} '
+                        f'(first on line {first_line[cap_id]})')
+      first_line[cap_id] = lineno
+      items.append((cap_id, caption))
+  if not items:
+    raise DataError(f'{path}: no captions')
+  return items
+
+
+def video_ids_in_order(captions: Iterable[tuple[str, str]]) -> list[str]:
+  """Unique video ids of `(cap_id, caption)` items in order of first appearance."""
+  return list(dict.fromkeys(video_id_of(cap_id) for cap_id, _ in captions))
+
+
+# ----------------------------------------------------------------------------- HDF5
+
+
+class H5Features:
+  """One HDF5 dataset per id; the file is opened lazily (and again in a forked process)."""
+
+  kind = 'id'
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    _require_files([self.path], f'{type(self).__name__}')
+    self._file = None
+    self._pid = None
+
+  def _h5(self) -> h5py.File:
+    if self._file is None or self._pid != os.getpid():
+      self._file = h5py.File(self.path, 'r')
+      self._pid = os.getpid()
+    return self._file
+
+  def __getstate__(self):
+    return {**self.__dict__, '_file': None, '_pid': None}
+
+  def keys(self) -> set[str]:
+    return set(self._h5().keys())
+
+  def __contains__(self, key: str) -> bool:
+    return key in self._h5()
+
+  def _dataset(self, key: str) -> h5py.Dataset:
+    ds = self._h5().get(key)
+    if not isinstance(ds, h5py.Dataset):
+      raise DataError(f'{self.kind} {key!r} is not in {self.path}')
+    return ds
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return self._dataset(key).shape
+
+  def read(self, key: str) -> np.ndarray:
+    """The stored array of `key`, in its stored dtype."""
+    return self._dataset(key)[...]
+
+
+class CaptionFeatures(H5Features):
+  """RoBERTa token features: cap_id -> `[n_tokens, Dq]`."""
+  kind = 'caption id'
+
+
+class ClipQueryFeatures(H5Features):
+  """AMDNet CLIP sentence features: cap_id -> `[Dq]`."""
+  kind = 'caption id'
+
+
+class ClipVideoFeatures(H5Features):
+  """AMDNet CLIP frame features: video_id -> `[n_frames, Dv]`."""
+  kind = 'video id'
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Paths of one collection folder."""
+  collection_dir: str
+  collection: str
+  visual_feature: str | None
+  text_feature: str
+
+  @property
+  def text_dir(self) -> str:
+    return os.path.join(self.collection_dir, 'TextData')
+
+  @property
+  def feature_dir(self) -> str:
+    """The BigFile folder (RoBERTa layout)."""
+    return os.path.join(self.collection_dir, 'FeatureData', self.visual_feature or '')
+
+  @property
+  def video2frames_path(self) -> str:
+    return os.path.join(self.feature_dir, 'video2frames.txt')
+
+  @property
+  def query_feature_path(self) -> str:
+    name = ('roberta_%s_query_feat.hdf5' if self.text_feature == 'roberta'
+            else 'clip_ViT_B_32_%s_query_feat.hdf5')
+    return os.path.join(self.text_dir, name % self.collection)
+
+  @property
+  def clip_video_feature_path(self) -> str:
+    return os.path.join(self.collection_dir, 'FeatureData',
+                        f'new_clip_vit_32_{self.collection}_vid_features.hdf5')
+
+  def caption_path(self, split: str) -> str:
+    return os.path.join(self.text_dir, f'{self.collection}{split}{_CAPTION_SUFFIX}')
+
+
+def _resolve_collection(root: str, collection: str | None) -> tuple[str, str]:
+  """(collection_dir, collection) from a root holding `<collection>/` or the folder itself."""
+  root = os.path.abspath(os.fspath(root))
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f'release root {root} does not exist')
+  if collection is not None:
+    for cand in (os.path.join(root, collection), root):
+      if os.path.isdir(os.path.join(cand, 'TextData')) and (
+          cand != root or os.path.basename(root) == collection or _caption_splits(cand, collection)):
+        return cand, collection
+    raise FileNotFoundError(
+        f'collection {collection!r} not found: expected {os.path.join(root, collection, "TextData")} '
+        f'(or {root} itself to be the collection folder with TextData/{collection}*{_CAPTION_SUFFIX})')
+  if os.path.isdir(os.path.join(root, 'TextData')):
+    name = os.path.basename(root)
+    if _caption_splits(root, name):
+      return root, name
+    prefixes = sorted({f[:-len(_CAPTION_SUFFIX) - len(s)]
+                       for f in os.listdir(os.path.join(root, 'TextData'))
+                       for s in _SPLIT_ORDER if f.endswith(s + _CAPTION_SUFFIX)})
+    if len(prefixes) == 1:
+      return root, prefixes[0]
+    raise DataError(f'cannot infer the collection name in {root}/TextData (caption file prefixes: '
+                    f'{prefixes}); pass collection=')
+  cands = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d, 'TextData')))
+  if len(cands) == 1:
+    return os.path.join(root, cands[0]), cands[0]
+  raise DataError(f'cannot infer the collection in {root}: found {cands or "no"} folders with '
+                  'TextData/; pass collection=')
+
+
+def _caption_splits(collection_dir: str, collection: str) -> list[str]:
+  text_dir = os.path.join(collection_dir, 'TextData')
+  if not os.path.isdir(text_dir):
+    return []
+  names = [f[len(collection):-len(_CAPTION_SUFFIX)] for f in os.listdir(text_dir)
+           if f.startswith(collection) and f.endswith(_CAPTION_SUFFIX)]
+  names = [n for n in names if n]
+  return sorted(names, key=lambda n: (_SPLIT_ORDER.index(n) if n in _SPLIT_ORDER else 3, n))
+
+
+# ----------------------------------------------------------------------------- release
+
+
+class Release:
+  """One collection of the MS-SL feature release (or AMDNet's CLIP layout).
+
+  Args:
+    root: folder holding `<collection>/`, or the collection folder itself.
+    collection: e.g. 'tvr', 'activitynet', 'charades'; inferred when unambiguous.
+    visual_feature: BigFile folder under FeatureData ('i3d_resnet', 'i3d',
+      'i3d_rgb_lgi'); unused by the CLIP layout.
+    text_feature: 'roberta' (BigFile + RoBERTa tokens) or 'clip' (AMDNet CLIP HDF5 files).
+    num_clips, max_frames, max_query_len: official preprocessing sizes (32, 128, 30).
+    normalize: L2-normalise clips, frames and tokens; default True for 'roberta' and
+      False for 'clip' (as AMDNet).
+    visual_dim, query_dim: expected dims (`config.model.visual_dim` / `query_dim`);
+      a mismatch raises DataError naming the flag. None = take them from the data.
+    skip_bad_items: skip bad videos / captions instead of raising; see `ReleaseSplit.skipped`.
+    check_values: read every feature of a split when it is opened and check it is
+      finite (else non-finite values raise only when an item is read).
+  """
+
+  def __init__(self, root: str, collection: str | None = None, visual_feature: str | None = None,
+               text_feature: str = 'roberta', *, num_clips: int = preprocess.NUM_CLIPS,
+               max_frames: int = preprocess.MAX_FRAMES, max_query_len: int = preprocess.MAX_QUERY_LEN,
+               normalize: bool | None = None, visual_dim: int | None = None,
+               query_dim: int | None = None, skip_bad_items: bool = False,
+               check_values: bool = False):
+    if text_feature not in TEXT_FEATURES:
+      raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {text_feature!r}')
+    if text_feature == 'roberta' and not visual_feature:
+      raise ValueError("text_feature='roberta' needs visual_feature (the FeatureData/<name> BigFile folder)")
+    collection_dir, collection = _resolve_collection(root, collection)
+    self.layout = Layout(collection_dir, collection, visual_feature, text_feature)
+    self.num_clips = num_clips
+    self.max_frames = max_frames
+    self.max_query_len = max_query_len
+    self.normalize = (text_feature == 'roberta') if normalize is None else normalize
+    self.expected_visual_dim = visual_dim
+    self.expected_query_dim = query_dim
+    self.skip_bad_items = skip_bad_items
+    self.check_values = check_values
+    self.splits: tuple[str, ...] = tuple(_caption_splits(collection_dir, collection))
+    self._bigfile = self._video2frames = self._clip_videos = self._queries = None
+    self._splits: dict[str, ReleaseSplit] = {}
+
+  @property
+  def collection(self) -> str:
+    return self.layout.collection
+
+  @property
+  def text_feature(self) -> str:
+    return self.layout.text_feature
+
+  @property
+  def is_clip(self) -> bool:
+    return self.layout.text_feature == 'clip'
+
+  # Shared readers, opened on first use.
+
+  @property
+  def bigfile(self) -> BigFile:
+    if self._bigfile is None:
+      self._bigfile = BigFile(self.layout.feature_dir)
+      if self.expected_visual_dim is not None and self._bigfile.dim != self.expected_visual_dim:
+        raise _dim_error('config.model.visual_dim', self.expected_visual_dim, self._bigfile.dim,
+                         os.path.join(self._bigfile.folder, 'shape.txt'))
+    return self._bigfile
+
+  @property
+  def video2frames(self) -> dict[str, list[str]]:
+    if self._video2frames is None:
+      self._video2frames = read_video2frames(self.layout.video2frames_path)
+    return self._video2frames
+
+  @property
+  def clip_videos(self) -> ClipVideoFeatures:
+    if self._clip_videos is None:
+      self._clip_videos = ClipVideoFeatures(self.layout.clip_video_feature_path)
+    return self._clip_videos
+
+  @property
+  def queries(self) -> H5Features:
+    if self._queries is None:
+      cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
+      self._queries = cls(self.layout.query_feature_path)
+    return self._queries
+
+  def split(self, name: str) -> 'ReleaseSplit':
+    """The split read from `TextData/<collection><name>.caption.txt` (cached)."""
+    if name not in self._splits:
+      path = self.layout.caption_path(name)
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f'split {name!r}: missing caption file {path} '
+                                f'(splits found: {list(self.splits)})')
+      self._splits[name] = ReleaseSplit(self, name)
+    return self._splits[name]
+
+
+class ReleaseSplit:
+  """Captions of one split, their videos, and preprocessed features on demand.
+
+  Attributes:
+    name, caption_file: the split and its caption file.
+    captions: `[(cap_id, caption)]` in file order (bad ones removed in skip mode).
+    caption_ids: cap ids in file order (eval query rows).
+    video_ids: unique video ids in first-appearance order (eval columns).
+    skipped: `[(id, reason)]` of skipped videos / captions (skip mode only).
+  """
+
+  def __init__(self, release: Release, name: str):
+    self.release = release
+    self.name = name
+    self.caption_file = release.layout.caption_path(name)
+    captions = read_captions(self.caption_file)
+    self.skipped: list[tuple[str, str]] = []
+    self._visual_dim = release.expected_visual_dim
+    self._query_dim = release.expected_query_dim
+    self._set_captions(captions)
+    self._validate()
+    if release.check_values:
+      self._validate(values=True)
+
+  def _set_captions(self, captions: list[tuple[str, str]]) -> None:
+    self.captions = captions
+    self.caption_ids = [c for c, _ in captions]
+    self.video_ids = video_ids_in_order(captions)
+    self._caps_of: dict[str, list[str]] = {v: [] for v in self.video_ids}
+    for cap_id in self.caption_ids:
+      self._caps_of[video_id_of(cap_id)].append(cap_id)
+
+  # ---- queries
+
+  def captions_of(self, video_id: str) -> list[str]:
+    """Cap ids of `video_id`, in file order."""
+    try:
+      return self._caps_of[video_id]
+    except KeyError:
+      raise KeyError(f'video {video_id!r} has no captions in {self.caption_file}') from None
+
+  def caption_video_index(self) -> np.ndarray:
+    """`[num_captions]` int64: column in `video_ids` of each caption's video."""
+    column = {v: i for i, v in enumerate(self.video_ids)}
+    return np.array([column[video_id_of(c)] for c in self.caption_ids], dtype=np.int64)
+
+  @property
+  def visual_dim(self) -> int:
+    return self._visual_dim
+
+  @property
+  def query_dim(self) -> int:
+    return self._query_dim
+
+  # ---- features
+
+  def num_frames(self, video_id: str) -> int:
+    """Raw number of frames (feature rows) of a video."""
+    if self.release.is_clip:
+      return self.release.clip_videos.shape(video_id)[0]
+    return len(self._frame_ids(video_id))
+
+  def _frame_ids(self, video_id: str) -> list[str]:
+    frames = self.release.video2frames.get(video_id)
+    if frames is None:
+      raise DataError(f'video {video_id!r} is not in {self.release.layout.video2frames_path}')
+    return frames
+
+  def raw_video_features(self, video_id: str) -> np.ndarray:
+    """Unprocessed `[n_frames, Dv]` features of a video, in their stored dtype."""
+    rel = self.release
+    if rel.is_clip:
+      x = rel.clip_videos.read(video_id)
+      source = rel.clip_videos.path
+    else:
+      frames = self._frame_ids(video_id)
+      x = rel.bigfile.read(frames)
+      source = rel.bigfile.bin_path
+    if x.ndim != 2 or x.shape[0] == 0:
+      raise DataError(f'video {video_id!r} has no frames (features of shape {x.shape} in {source})')
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+      row = int(np.argmax(bad))
+      where = f'frame {row}' if rel.is_clip else f'frame id {frames[row]!r}'
+      raise DataError(f'video {video_id!r}: NaN/Inf in {where} ({int(bad.sum())} bad frame(s)) in {source}')
+    return x
+
+  def video_features(self, video_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """Preprocessed (clip features `[num_clips, Dv]`, frame features `[min(n, max_frames), Dv]`), f32."""
+    rel = self.release
+    # BigFile rows reach the official code as Python floats: it pools in float64.
+    x = self.raw_video_features(video_id)
+    x = x.astype(np.float32 if rel.is_clip else np.float64)
+    clips = preprocess.average_to_fixed_length(x, rel.num_clips)
+    frames = preprocess.uniform_feature_sampling(x, rel.max_frames)
+    if rel.normalize:
+      clips, frames = preprocess.l2_normalize(clips), preprocess.l2_normalize(frames)
+    return clips.astype(np.float32), frames.astype(np.float32)
+
+  def caption_features(self, cap_id: str) -> np.ndarray:
+    """Preprocessed `[min(n_tokens, max_query_len), Dq]` float32 (CLIP sentence vectors: `[1, Dq]`)."""
+    rel = self.release
+    x = rel.queries.read(cap_id)
+    if x.ndim == 1 and rel.is_clip:
+      x = x[None]
+    if x.ndim != 2 or x.shape[0] == 0:
+      raise DataError(f'caption {cap_id!r} has no token features (shape {x.shape}) in {rel.queries.path}')
+    x = preprocess.truncate_tokens(x, rel.max_query_len)
+    if not np.isfinite(x).all():
+      raise DataError(f'caption {cap_id!r}: NaN/Inf in its features in {rel.queries.path}')
+    if rel.normalize:
+      x = preprocess.l2_normalize(x)
+    return x.astype(np.float32)
+
+  # ---- validation
+
+  def _check_video(self, video_id: str) -> str | None:
+    """Cheap (metadata-only) check of a video; returns the problem or None."""
+    rel = self.release
+    if rel.is_clip:
+      if video_id not in rel.clip_videos:
+        return f'video {video_id!r} is not in {rel.clip_videos.path}'
+      shape = rel.clip_videos.shape(video_id)
+      if len(shape) != 2 or shape[0] == 0:
+        return f'video {video_id!r} has no frames (shape {shape}) in {rel.clip_videos.path}'
+      dim, source = shape[1], rel.clip_videos.path
+    else:
+      frames = rel.video2frames.get(video_id)
+      if frames is None:
+        return f'video {video_id!r} is not in {rel.layout.video2frames_path} (zero frames)'
+      if not frames:
+        return f'video {video_id!r} has an empty frame list in {rel.layout.video2frames_path}'
+      absent = [f for f in frames if f not in rel.bigfile]
+      if absent:
+        return (f'video {video_id!r}: frame id {absent[0]!r} ({len(absent)} of {len(frames)} frames) '
+                f'is not in BigFile {rel.bigfile.folder}')
+      dim, source = rel.bigfile.dim, rel.bigfile.folder
+    if self._visual_dim is None:
+      self._visual_dim = dim
+    elif dim != self._visual_dim:
+      flag = 'config.model.visual_dim' if rel.expected_visual_dim is not None else 'the first video\'s dim'
+      return f'video {video_id!r} has feature dim {dim} in {source} but {flag} is {self._visual_dim}'
+    return None
+
+  def _check_caption(self, cap_id: str) -> str | None:
+    rel = self.release
+    path = rel.queries.path
+    if cap_id not in rel.queries:
+      return f'caption id {cap_id!r} is not in {path}'
+    shape = rel.queries.shape(cap_id)
+    ok_ndims = (1, 2) if rel.is_clip else (2,)
+    if len(shape) not in ok_ndims or shape[0] == 0:
+      return f'caption {cap_id!r} has no token features (shape {shape}) in {path}'
+    dim = shape[-1]
+    if self._query_dim is None:
+      self._query_dim = dim
+    elif dim != self._query_dim:
+      flag = 'config.model.query_dim' if rel.expected_query_dim is not None else 'the first caption\'s dim'
+      return f'caption {cap_id!r} has feature dim {dim} in {path} but {flag} is {self._query_dim}'
+    return None
+
+  def _check_values(self, item_id: str, read) -> str | None:
+    try:
+      read(item_id)
+    except DataError as e:
+      return str(e)
+    return None
+
+  def _check_config_dims(self) -> None:
+    """Raises when the data's dims disagree with config.model.{visual,query}_dim."""
+    rel = self.release
+    if not rel.is_clip:
+      _ = rel.bigfile  # checks config.model.visual_dim
+    elif rel.expected_visual_dim is not None:
+      first = next((v for v in self.video_ids if v in rel.clip_videos), None)
+      if first is not None and rel.clip_videos.shape(first)[-1] != rel.expected_visual_dim:
+        raise _dim_error('config.model.visual_dim', rel.expected_visual_dim,
+                         rel.clip_videos.shape(first)[-1], f'{rel.clip_videos.path} (video {first!r})')
+    if rel.expected_query_dim is not None:
+      first = next((c for c in self.caption_ids if c in rel.queries), None)
+      if first is not None and rel.queries.shape(first)[-1] != rel.expected_query_dim:
+        raise _dim_error('config.model.query_dim', rel.expected_query_dim,
+                         rel.queries.shape(first)[-1], f'{rel.queries.path} (caption {first!r})')
+
+  def _validate(self, values: bool = False) -> None:
+    """Checks every video and caption (metadata only, or every value); raises or skips."""
+    rel = self.release
+    if values:
+      check_video = lambda v: self._check_values(v, self.raw_video_features)
+      check_caption = lambda c: self._check_values(c, self.caption_features)
+    else:
+      self._check_config_dims()
+      check_video, check_caption = self._check_video, self._check_caption
+    bad_videos = {v: p for v in self.video_ids if (p := check_video(v))}
+    bad_captions = {c: p for c in self.caption_ids if (p := check_caption(c))}
+    if not bad_videos and not bad_captions:
+      return
+    what = f'split {self.name!r} of {rel.layout.collection_dir} ({self.caption_file})'
+    if not rel.skip_bad_items:
+      _raise_problems(list(bad_videos.values()) + list(bad_captions.values()), what)
+    kept = [(c, t) for c, t in self.captions
+            if c not in bad_captions and video_id_of(c) not in bad_videos]
+    if not kept:
+      _raise_problems(list(bad_videos.values()) + list(bad_captions.values()),
+                      what + ' (every item is bad)')
+    kept_videos = set(video_ids_in_order(kept))
+    skipped = list(bad_videos.items()) + list(bad_captions.items())
+    skipped += [(c, f'its video {video_id_of(c)!r} was skipped') for c in self.caption_ids
+                if video_id_of(c) in bad_videos and c not in bad_captions]
+    skipped += [(v, 'all of its captions were skipped') for v in self.video_ids
+                if v not in bad_videos and v not in kept_videos]
+    n_videos, n_captions = len(self.video_ids) - len(kept_videos), len(self.caption_ids) - len(kept)
+    self.skipped.extend(skipped)
+    self._set_captions(kept)
+    _log.warning('%s: skipped %d video(s) and %d caption(s) with bad data (see split.skipped); '
+                 'first: %s', what, n_videos, n_captions, skipped[0][1])
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def write_bigfile(folder: str, ids: Sequence[str], array: np.ndarray) -> None:
+  """Writes `array` `[N, D]` as a BigFile folder (feature.bin float32, id.txt, shape.txt)."""
+  array = np.asarray(array)
+  if array.ndim != 2 or array.shape[0] != len(ids):
+    raise ValueError(f'need a [len(ids)={len(ids)}, D] array, got shape {array.shape}')
+  if len(set(ids)) != len(ids) or any(not i or any(ch.isspace() for ch in i) for i in ids):
+    raise ValueError('BigFile ids must be unique, non-empty and free of whitespace')
+  os.makedirs(folder, exist_ok=True)
+  array.astype('<f4').tofile(os.path.join(folder, 'feature.bin'))
+  with open(os.path.join(folder, 'id.txt'), 'w', encoding='utf-8') as f:
+    f.write(' '.join(ids))
+  with open(os.path.join(folder, 'shape.txt'), 'w') as f:
+    f.write(f'{array.shape[0]} {array.shape[1]}')
+
+
+def write_video2frames(path: str, mapping: Mapping[str, Sequence[str]]) -> None:
+  """Writes `video2frames.txt` as a dict literal."""
+  literal = {str(v): [str(f) for f in frames] for v, frames in mapping.items()}
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(repr(literal))
+
+
+def write_captions(path: str, items: Iterable[tuple[str, str]]) -> None:
+  """Writes `<cap_id> <caption>` lines."""
+  lines = []
+  for cap_id, caption in items:
+    if not cap_id or any(ch.isspace() for ch in cap_id):
+      raise ValueError(f'caption id {cap_id!r} must be non-empty and free of whitespace')
+    caption = ' '.join(caption.split())
+    if not caption:
+      raise ValueError(f'caption {cap_id!r} is empty')
+    lines.append(f'{cap_id} {caption}\n')
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(lines)
+
+
+def write_caption_features(path: str, mapping: Mapping[str, np.ndarray]) -> None:
+  """Writes one float32 HDF5 dataset per id (caption features, or CLIP video features)."""
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  with h5py.File(path, 'w') as f:
+    for key, value in mapping.items():
+      f.create_dataset(key, data=np.asarray(value, dtype=np.float32))
+
+
+def write_release(root: str, collection: str, videos: Mapping[str, np.ndarray],
+                  captions: Mapping[str, Sequence[tuple[str, str]]],
+                  caption_features: Mapping[str, np.ndarray], visual_feature: str = 'i3d_resnet',
+                  text_feature: str = 'roberta') -> str:
+  """Writes a release-layout collection folder from numpy data; returns its path.
+
+  Args:
+    videos: video_id -> raw frame features `[n_frames, Dv]`. For the RoBERTa layout
+      frame ids are `<video_id>_<k>` rows of one BigFile.
+    captions: split name -> `[(cap_id, caption)]`.
+    caption_features: cap_id -> `[n_tokens, Dq]` (RoBERTa) or `[Dq]` (CLIP).
+  """
+  layout = Layout(os.path.join(os.fspath(root), collection), collection, visual_feature, text_feature)
+  if text_feature == 'clip':
+    write_caption_features(layout.clip_video_feature_path, videos)
+  else:
+    frame_ids = {v: [f'{v}_{k}' for k in range(len(x))] for v, x in videos.items()}
+    all_ids = [f for v in videos for f in frame_ids[v]]
+    write_bigfile(layout.feature_dir, all_ids, np.concatenate([np.asarray(x) for x in videos.values()]))
+    write_video2frames(layout.video2frames_path, frame_ids)
+  for split, items in captions.items():
+    write_captions(layout.caption_path(split), items)
+  write_caption_features(layout.query_feature_path, caption_features)
+  return layout.collection_dir
