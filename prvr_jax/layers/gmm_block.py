@@ -1,0 +1,101 @@
+"""GMMBlock: K parallel windowed attention blocks with separate weights, then an aggregation.
+
+The K branches are one `nn.vmap`-ed block whose parameters are stacked on a leading axis, so
+they run as a single batched computation. Aggregations (GMMFormer v2, Sec. 4.4.2 / App. A.1):
+  * `average` -- mean of the K outputs (GMMFormer v1).
+  * `weighted` -- one learned logit per branch, softmax(w / temperature).
+  * `dynamic` -- per-video weights from a cross-attention of the learnable query token over the
+    block input, then Linear -> ReLU -> Dropout -> Linear(K), softmax(. / temperature).
+  * `temporal_consolidation` -- v2's TC module: the token cross-attends over each branch output
+    (one shared 1x-FFN cross-attention block), Linear -> ReLU -> Dropout -> Linear(L) gives one
+    weight per branch and time step, softmax over branches of (. / temperature).
+"""
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, dense
+from prvr_jax.layers.windows import stacked_windows
+
+AGGREGATIONS = ('average', 'weighted', 'dynamic', 'temporal_consolidation')
+
+
+class GMMBlock(nn.Module):
+  """`[B, L, D] -> [B, L, D]`.
+
+  Attributes:
+    widths: one window width per branch; None is a plain-attention branch.
+    num_heads: attention heads.
+    dropout_rate: dropout inside the blocks and the aggregation MLP.
+    block: 'v1' (`AttentionBlockV1`) or 'v2' (`AttentionBlockV2`).
+    window: constraint window kind (`prvr_jax.layers.windows.WINDOW_KINDS`).
+    aggregation: one of `AGGREGATIONS`.
+    temperature: softmax temperature of the learned aggregations (v2 `sft_factor`).
+  """
+  widths: Sequence[float | None]
+  num_heads: int
+  dropout_rate: float = 0.0
+  block: str = 'v1'
+  window: str = 'gaussian'
+  aggregation: str = 'average'
+  temperature: float = 1.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None = None,
+               window_length: jax.Array | None = None,
+               query_token: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    """Args:
+      x: `[B, L, D]`.
+      key_mask: `[B, L]`, 1 for real positions (None: all real).
+      window_length: optional `[B]` lengths that size each video's windows (v1 frame branch).
+      query_token: `[D]` learnable query of the `dynamic` / `temporal_consolidation` aggregations.
+      deterministic: disables dropout.
+    """
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f'Unknown aggregation {self.aggregation!r}; expected one of '
+                       f'{AGGREGATIONS} (config.model.aggregation).')
+    num_branches, (batch, length, width) = len(self.widths), x.shape
+    windows = stacked_windows(self.window, self.widths, length, window_length)
+    if window_length is not None:
+      windows = windows[:, :, None]  # [K, B, 1, L, L]: broadcast over heads.
+    branches = nn.vmap(
+        BLOCKS[self.block], in_axes=(None, None, None, 0, None), out_axes=0,
+        variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+        axis_size=num_branches)(
+            num_heads=self.num_heads, dropout_rate=self.dropout_rate, name='branches')
+    outputs = branches(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
+
+    if self.aggregation == 'average':
+      return jnp.mean(outputs, axis=0)
+    if self.aggregation == 'weighted':
+      logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
+      return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))
+
+    if query_token is None:
+      raise ValueError(f'aggregation {self.aggregation!r} needs the learnable query token')
+    cross = AttentionBlockV2(self.num_heads, self.dropout_rate, ffn_multiplier=1, name='cross')
+    if self.aggregation == 'dynamic':
+      tokens = cross(jnp.broadcast_to(query_token, (batch, 1, width)), x, key_mask,
+                     deterministic=deterministic)[:, 0]
+      logits = self._mix(tokens, num_branches, deterministic)  # [B, K]
+      weights = jax.nn.softmax(logits / self.temperature, axis=-1)
+      return jnp.einsum('kbld,bk->bld', outputs, weights)
+    # Temporal consolidation: the same cross block attends over every branch output.
+    flat_outputs = outputs.reshape(num_branches * batch, length, width)
+    flat_mask = None if key_mask is None else jnp.tile(key_mask, (num_branches, 1))
+    tokens = cross(jnp.broadcast_to(query_token, (num_branches * batch, 1, width)),
+                   flat_outputs, flat_mask, deterministic=deterministic)
+    tokens = tokens.reshape(num_branches, batch, width).transpose(1, 0, 2)  # [B, K, D]
+    logits = self._mix(tokens, length, deterministic)  # [B, K, L]
+    weights = jax.nn.softmax(logits / self.temperature, axis=1)
+    return jnp.einsum('kbld,bkl->bld', outputs, weights)
+
+  def _mix(self, tokens: jax.Array, features: int, deterministic: bool) -> jax.Array:
+    """Linear -> ReLU -> Dropout -> Linear(features), shared by the learned aggregations."""
+    hidden = nn.relu(dense(tokens.shape[-1], 'mix_hidden')(tokens))
+    hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
+    return dense(features, 'mix_out')(hidden)

@@ -1,0 +1,1 @@
+def compute_loss(*a, **k): raise NotImplementedError
