@@ -10,7 +10,7 @@ import numpy as np
 from prvr_jax.models.common import module_kwargs
 from prvr_jax.models.gmmformer import GMMFormer
 from prvr_jax.models.gmmformer_v2 import GMMFormerV2
-from prvr_jax.models.objective import compute_loss
+from prvr_jax.models import objective
 
 MODELS: dict[str, type[nn.Module]] = {'gmmformer': GMMFormer, 'gmmformer_v2': GMMFormerV2}
 
@@ -22,6 +22,14 @@ def get_model(config_model: Any) -> nn.Module:
     raise ValueError(f'Unknown model {name!r} (config.model.name); expected one of '
                      f'{sorted(MODELS)}')
   return MODELS[name](**module_kwargs(MODELS[name], config_model))
+
+
+def compute_loss(config: Any, outputs: dict[str, jax.Array], batch: dict[str, jax.Array],
+                 rng: jax.Array, use_hard_negative: bool | jax.Array
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Total training loss and its weighted terms for the model named by `config.model.name`."""
+  qdl_version = MODELS[config.model.name].qdl_version
+  return objective.compute_loss(config, outputs, batch, rng, use_hard_negative, qdl_version)
 
 
 def example_batch(config_model: Any, num_videos: int = 2,
