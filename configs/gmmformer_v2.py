@@ -15,7 +15,7 @@ Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activi
 
 import ml_collections
 
-from configs import common
+from prvr_jax import config_lib as common
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
 _PER_DATASET = {

@@ -1,4 +1,4 @@
-"""Config pieces shared by every model config (same key names across models).
+"""Config pieces shared by every model config in configs/ (same key names across models).
 
 A model config file builds `get_base_config()` and fills `config.model`/`config.loss`
 with its own fields and per-dataset values from `DATASETS`.
