@@ -1,0 +1,152 @@
+"""Devices, hosts and shardings: one `data` mesh axis over every global device.
+
+Parameters and optimiser state are replicated; batches are sharded on their
+leading axis. Each process feeds its own slice of the global batch
+(`global_batch`), so process p owns rows [p * B_local, (p + 1) * B_local).
+No pmap: everything runs through `jax.jit` with shardings.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+DATA_AXIS = 'data'
+# Batch keys sized by the number of query slots (the rest are sized by videos).
+QUERY_KEYS = ('query_feats', 'query_mask', 'query_valid', 'query_video')
+
+
+def maybe_initialize_distributed(coordinator_address: str | None = None,
+                                 num_processes: int | None = None,
+                                 process_id: int | None = None,
+                                 multihost: bool = False) -> bool:
+  """Starts `jax.distributed` when asked to; returns whether it did.
+
+  Explicit flags (all three together) win; `multihost=True` alone lets JAX
+  detect the cluster (TPU pod, SLURM, Open MPI, ...). With neither, the run is
+  single-process. Must run before anything touches a JAX backend. CPU
+  collectives go through gloo (the only multi-process CPU implementation).
+  """
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ValueError(
+          '--coordinator_address, --num_processes and --process_id must be given '
+          f'together (got {coordinator_address!r}, {num_processes!r}, {process_id!r}).')
+    if not 0 <= process_id < num_processes:
+      raise ValueError(f'--process_id={process_id} must lie in [0, --num_processes={num_processes}).')
+  elif not multihost:
+    return False
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if coordinator_address is not None:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  else:
+    jax.distributed.initialize()
+  logging.info('jax.distributed: process %d of %d, %d local / %d global devices.',
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return True
+
+
+def make_mesh() -> Mesh:
+  """1-D mesh `('data',)` over all global devices, grouped by process.
+
+  Grouping by process makes each process's devices hold one contiguous block
+  of the batch, which `jax.make_array_from_process_local_data` relies on.
+  """
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def sharded(mesh: Mesh) -> NamedSharding:
+  """Leading axis split over `data`, the rest replicated."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def local_batch_multiple() -> int:
+  """Leading dims of a process's batch must be multiples of this."""
+  return jax.local_device_count()
+
+
+def pad_rows(x: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
+  """Pads the leading axis of `x` to `size` rows with `value`."""
+  if x.shape[0] == size:
+    return x
+  if x.shape[0] > size:
+    raise ValueError(f'Cannot pad {x.shape[0]} rows down to {size}.')
+  pad = np.full((size - x.shape[0],) + x.shape[1:], value, dtype=x.dtype)
+  return np.concatenate([x, pad], axis=0)
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Per-process training batch -> global arrays sharded on `data`.
+
+  `query_video` indexes videos of this process's batch; it is shifted by
+  `process_index * B_local` so that it indexes the global batch. Query slots
+  are padded (`query_valid=False`) to a multiple of the local device count.
+
+  Args:
+    local_batch: the batch contract's training dict for this process.
+    mesh: from `make_mesh()`.
+
+  Returns:
+    The same keys as global `jax.Array`s, leading axis sharded on `data`.
+  """
+  batch = {k: np.asarray(v) for k, v in local_batch.items()}
+  multiple = local_batch_multiple()
+  num_videos = batch['clip_feats'].shape[0]
+  if num_videos % multiple:
+    raise ValueError(
+        f'The per-process batch holds {num_videos} videos, not a multiple of the '
+        f'{multiple} local devices; make config.train.batch_size a multiple of '
+        f'{jax.device_count()} (the global device count).')
+  if 'query_video' in batch:
+    batch['query_video'] = (batch['query_video'].astype(np.int32)
+                            + np.int32(jax.process_index() * num_videos))
+    num_queries = batch['query_video'].shape[0]
+    padded = _round_up(num_queries, multiple)
+    for key in QUERY_KEYS:
+      if key in batch:
+        batch[key] = pad_rows(batch[key], padded)
+  return shard_local(batch, mesh)
+
+
+def shard_local(tree: Any, mesh: Mesh) -> Any:
+  """Each leaf: per-process rows -> a global array sharded on `data` (rows concatenated
+  in process order). Leading dims must be multiples of the local device count."""
+  sharding = sharded(mesh)
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
+def to_host(tree: Any) -> Any:
+  """Global arrays -> full numpy arrays on every process (an all-gather across hosts)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def host_sum(x: np.ndarray | float) -> np.ndarray:
+  """Sums a host value over processes (used for counts and flags)."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x))).sum(axis=0)
+
+
+def sync(name: str) -> None:
+  """Barrier across processes (no-op with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
