@@ -1,0 +1,617 @@
+"""`tf.data` pipelines over feature shards: training batches and evaluation streams.
+
+Whole shard files are split across hosts (a contiguous block of files per
+`process_index`); every host yields the same number of batches, padding with masked
+items. Batches follow the batch contract of docs/design.md and come out as numpy dicts.
+
+  shards = pipeline.open_shards(shard_dir)
+  it = pipeline.train_iterator(shards, global_batch_size=128, seed=0, start_step=step)
+  it.steps_per_epoch, it.num_query_slots     # known up front
+  batch = next(it)                           # this host's [B_local, ...] numpy dict
+
+  index = pipeline.eval_index(shards, 'test')          # ordered ids, ground truth, spans
+  for batch in pipeline.eval_videos(shards, 'test', global_batch_size=100): ...
+  for batch in pipeline.eval_queries(shards, 'test', global_batch_size=50): ...
+
+Training is deterministic for a given seed and host count: the file order and the
+record shuffle of epoch `e` are seeded by `(seed, e, process_index)`, and `start_step`
+replays exactly the batches an uninterrupted run would have produced from that step.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from prvr_jax.data import prepare
+
+_log = logging.getLogger(__name__)
+
+_OVERFLOW_TAG = 'PRVR_QUERY_OVERFLOW'
+_VERIFIED: set[tuple[str, int, int, str]] = set()
+_CYCLE_LENGTH = 8  # shard files read in parallel (and interleaved) per host
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One TFRecord file of a split."""
+  path: str
+  num_videos: int
+  num_captions: int
+  bytes: int
+  sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSplit:
+  """A split of a shard folder, as recorded in its manifest."""
+  name: str
+  shards: tuple[Shard, ...]
+  num_videos: int
+  num_captions: int
+  max_captions_per_video: int
+  caption_count_histogram: dict[int, int]
+  has_spans: bool
+  skipped: tuple[tuple[str, str], ...]
+  index_path: str
+  index_sha256: str
+
+  def host_shards(self, process_index: int, process_count: int) -> tuple[Shard, ...]:
+    """The contiguous block of shard files read by host `process_index`."""
+    if not 0 <= process_index < process_count:
+      raise ValueError(f'process_index={process_index} not in [0, process_count={process_count})')
+    bounds = np.linspace(0, len(self.shards), process_count + 1).round().astype(int)
+    return self.shards[bounds[process_index]:bounds[process_index + 1]]
+
+  def max_queries(self, num_videos: int) -> int:
+    """Most captions any `num_videos` videos of the split can have together."""
+    total, left = 0, num_videos
+    for count in sorted(self.caption_count_histogram, reverse=True):
+      take = min(left, self.caption_count_histogram[count])
+      total, left = total + take * count, left - take
+      if not left:
+        break
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardDataset:
+  """A shard folder: its manifest, feature dims and preprocessing settings."""
+  dir: str
+  visual_dim: int
+  query_dim: int
+  num_clips: int
+  max_frames: int
+  max_query_len: int
+  preprocessing: dict[str, Any]
+  splits: dict[str, ShardSplit]
+
+  @property
+  def manifest_path(self) -> str:
+    return os.path.join(self.dir, prepare.MANIFEST)
+
+  def split(self, name: str) -> ShardSplit:
+    if name not in self.splits:
+      raise KeyError(f'split {name!r} is not in {self.manifest_path} '
+                     f'(it has {sorted(self.splits)})')
+    return self.splits[name]
+
+
+def open_shards(path: str) -> ShardDataset:
+  """Reads `<path>/manifest.json` and checks that every shard file is there, at its size."""
+  path = os.path.abspath(os.fspath(path))
+  manifest_path = os.path.join(path, prepare.MANIFEST)
+  if not os.path.isfile(manifest_path):
+    raise prepare.ShardError(f'{manifest_path} does not exist: {path} is not a shard folder '
+                             '(write one with `python -m prvr_jax.data.prepare`)')
+  with open(manifest_path, encoding='utf-8') as f:
+    try:
+      manifest = json.load(f)
+    except json.JSONDecodeError as e:
+      raise prepare.ShardError(f'{manifest_path} is not valid JSON: {e}') from None
+  if manifest.get('format') != prepare.FORMAT or manifest.get('format_version') != prepare.FORMAT_VERSION:
+    raise prepare.ShardError(f'{manifest_path}: not a {prepare.FORMAT} v{prepare.FORMAT_VERSION} manifest')
+  if not manifest.get('complete'):
+    raise prepare.ShardError(f'{manifest_path}: preparation did not finish; run '
+                             '`python -m prvr_jax.data.prepare` again with the same --out to finish it')
+  splits = {}
+  for name, s in manifest['splits'].items():
+    shards = tuple(Shard(os.path.join(path, d['file']), d['num_videos'], d['num_captions'],
+                         d['bytes'], d['sha256']) for d in s['shards'])
+    for shard in shards:
+      if not os.path.isfile(shard.path):
+        raise prepare.ShardError(f'shard {shard.path} (listed in {manifest_path}) is missing')
+      size = os.path.getsize(shard.path)
+      if size != shard.bytes:
+        raise prepare.ShardError(f'shard {shard.path} has {size} bytes but {manifest_path} says '
+                                 f'{shard.bytes}: the file is corrupted or truncated')
+    splits[name] = ShardSplit(
+        name=name, shards=shards, num_videos=s['num_videos'], num_captions=s['num_captions'],
+        max_captions_per_video=s['max_captions_per_video'],
+        caption_count_histogram={int(k): v for k, v in s['caption_count_histogram'].items()},
+        has_spans=s['has_spans'], skipped=tuple(tuple(x) for x in s['skipped']),
+        index_path=os.path.join(path, s['index']['file']), index_sha256=s['index']['sha256'])
+  pre = manifest['preprocessing']
+  return ShardDataset(dir=path, visual_dim=manifest['visual_dim'], query_dim=manifest['query_dim'],
+                      num_clips=pre['num_clips'], max_frames=pre['max_frames'],
+                      max_query_len=pre['max_query_len'], preprocessing=pre, splits=splits)
+
+
+def verify_checksums(shards: Sequence[Shard]) -> None:
+  """Checks the sha256 of each file once per process; raises ShardError naming a bad one."""
+  for shard in shards:
+    stat = os.stat(shard.path)
+    key = (shard.path, stat.st_size, stat.st_mtime_ns, shard.sha256)
+    if key in _VERIFIED:
+      continue
+    actual = prepare.sha256_file(shard.path)
+    if actual != shard.sha256:
+      raise prepare.ShardError(
+          f'shard {shard.path} is corrupted: its sha256 is {actual} but the manifest says '
+          f'{shard.sha256}; prepare the shards again')
+    _VERIFIED.add(key)
+
+
+def _report_skipped(split: ShardSplit, shards: ShardDataset) -> None:
+  if split.skipped:
+    _log.warning('split %r of %s: %d bad item(s) were skipped when the shards were prepared '
+                 '(skip_bad_items); first: %s: %s', split.name, shards.dir, len(split.skipped),
+                 *split.skipped[0])
+
+
+def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  return process_index, process_count
+
+
+def _local(global_size: int, process_count: int, flag: str) -> int:
+  if global_size < 1 or global_size % process_count:
+    raise ValueError(f'{flag}={global_size} must be a positive multiple of the number of '
+                     f'hosts ({process_count})')
+  return global_size // process_count
+
+
+def _keep_tf_off_accelerators() -> None:
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+  except RuntimeError:  # devices already initialised; TF then runs where it already ran
+    pass
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _parse_spec(video: bool, captions: bool) -> dict[str, Any]:
+  spec = {'video_order': tf.io.FixedLenFeature([], tf.int64)}
+  if video:
+    spec.update({'clip_feats/value': tf.io.FixedLenFeature([], tf.string),
+                 'frame_feats/value': tf.io.FixedLenFeature([], tf.string),
+                 'num_frames': tf.io.FixedLenFeature([], tf.int64)})
+  if captions:
+    spec.update({'caption_feats/value': tf.io.FixedLenFeature([], tf.string),
+                 'caption_lengths': tf.io.VarLenFeature(tf.int64),
+                 'caption_order': tf.io.VarLenFeature(tf.int64),
+                 'spans': tf.io.VarLenFeature(tf.float32),
+                 'duration': tf.io.FixedLenFeature([], tf.float32)})
+  return spec
+
+
+class _Parser:
+  """Turns a serialized record into padded per-video tensors (shapes of the batch contract)."""
+
+  def __init__(self, shards: ShardDataset, video: bool = True, captions: bool = True,
+               moment_ratio: bool = False):
+    self.lc, self.lf, self.lq = shards.num_clips, shards.max_frames, shards.max_query_len
+    self.dv, self.dq = shards.visual_dim, shards.query_dim
+    self.spec = _parse_spec(video, captions)
+    self.video, self.captions, self.moment_ratio = video, captions, moment_ratio
+
+  def __call__(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    ex = tf.io.parse_single_example(serialized, self.spec)
+    out = {'video_order': ex['video_order']}
+    if self.video:
+      n = tf.cast(ex['num_frames'], tf.int32)
+      frames = tf.reshape(tf.io.decode_raw(ex['frame_feats/value'], tf.float32), [n, self.dv])
+      out['clip_feats'] = tf.reshape(tf.io.decode_raw(ex['clip_feats/value'], tf.float32),
+                                     [self.lc, self.dv])
+      out['frame_feats'] = tf.pad(frames, [[0, self.lf - n], [0, 0]])
+      out['frame_mask'] = tf.sequence_mask(n, self.lf, tf.float32)
+    if self.captions:
+      lengths = tf.cast(tf.sparse.to_dense(ex['caption_lengths']), tf.int32)
+      tokens = tf.reshape(tf.io.decode_raw(ex['caption_feats/value'], tf.float32), [-1, self.dq])
+      ragged = tf.RaggedTensor.from_row_lengths(tokens, lengths, validate=False)
+      out['query_feats'] = ragged.to_tensor(shape=[None, self.lq, self.dq])
+      out['query_mask'] = tf.sequence_mask(lengths, self.lq, tf.float32)
+      out['caption_order'] = tf.sparse.to_dense(ex['caption_order'])
+      out['num_queries'] = tf.size(lengths)
+      if self.moment_ratio:
+        spans = tf.reshape(tf.sparse.to_dense(ex['spans']), [-1, 2])
+        duration = ex['duration']
+        out['moment_ratio'] = tf.where(
+            (duration > 0) & (spans[:, 0] >= 0),
+            (spans[:, 1] - spans[:, 0]) / tf.maximum(duration, 1e-9), -1.0)
+    return out
+
+
+def _records(files: Sequence[str]) -> tf.data.Dataset:
+  """Serialized records of `files`, in file order."""
+  return tf.data.TFRecordDataset(tf.constant(list(files), tf.string),
+                                 num_parallel_reads=None, buffer_size=8 << 20)
+
+
+def _deterministic(ds: tf.data.Dataset) -> tf.data.Dataset:
+  options = tf.data.Options()
+  options.deterministic = True
+  return ds.with_options(options)
+
+
+class _NumpyIterator:
+  """Numpy batches of a tf.data pipeline with a known length (`None`: unbounded)."""
+
+  def __init__(self, ds: tf.data.Dataset, length: int | None, max_queries: int = 0):
+    self._it = _deterministic(ds).as_numpy_iterator()
+    self._length = length
+    self._max_queries = max_queries
+
+  def __iter__(self) -> '_NumpyIterator':
+    return self
+
+  def __len__(self) -> int:
+    if self._length is None:
+      raise TypeError('an unbounded iterator has no length')
+    return self._length
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    try:
+      return next(self._it)
+    except tf.errors.InvalidArgumentError as e:
+      if _OVERFLOW_TAG not in str(e):
+        raise
+      raise ValueError(
+          f'a training batch has more captions than config.data.max_queries_per_batch='
+          f'{self._max_queries}; raise it, or set it to 0 (automatic: enough for any batch). '
+          'Captions are never dropped.') from None
+
+
+# ----------------------------------------------------------------------------- training
+
+
+class TrainIterator(_NumpyIterator):
+  """This host's training batches (numpy dicts of the training-batch contract).
+
+  Attributes:
+    steps_per_epoch: batches per epoch, the same on every host.
+    local_batch_size: videos per host batch (`B`).
+    num_query_slots: query slots per batch (`Q`).
+    start_step: global step of the first batch yielded.
+  """
+
+  def __init__(self, ds, length, max_queries, *, steps_per_epoch, local_batch_size, start_step):
+    super().__init__(ds, length, max_queries)
+    self.steps_per_epoch = steps_per_epoch
+    self.local_batch_size = local_batch_size
+    self.num_query_slots = max_queries
+    self.start_step = start_step
+
+
+def steps_per_epoch(split: ShardSplit, global_batch_size: int, process_count: int = 1) -> int:
+  """Batches per epoch on every host: the busiest host's videos over the local batch, rounded up."""
+  local = _local(global_batch_size, process_count, 'global_batch_size')
+  most = max(sum(s.num_videos for s in split.host_shards(i, process_count))
+             for i in range(process_count))
+  return max(1, -(-most // local))
+
+
+def _pad_video(shards: ShardDataset) -> dict[str, tf.Tensor]:
+  lc, lf, lq, dv, dq = (shards.num_clips, shards.max_frames, shards.max_query_len,
+                        shards.visual_dim, shards.query_dim)
+  return {'video_order': tf.constant(-1, tf.int64),
+          'clip_feats': tf.zeros([lc, dv]), 'frame_feats': tf.zeros([lf, dv]),
+          'frame_mask': tf.zeros([lf]), 'query_feats': tf.zeros([0, lq, dq]),
+          'query_mask': tf.zeros([0, lq]), 'caption_order': tf.zeros([0], tf.int64),
+          'num_queries': tf.constant(0, tf.int32)}
+
+
+def _collate(num_slots: int, shards: ShardDataset):
+  """Concatenates the captions of a padded batch of videos into `num_slots` query slots."""
+  lq, dq = shards.max_query_len, shards.query_dim
+
+  def collate(b: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    num_videos = tf.shape(b['num_queries'])[0]
+    per_video = tf.shape(b['query_feats'])[1]
+    real = tf.sequence_mask(b['num_queries'], per_video)            # [B, C]
+    video_of = tf.broadcast_to(tf.range(num_videos)[:, None], tf.shape(real))
+    feats = tf.boolean_mask(b['query_feats'], real)                  # [n, Lq, Dq]
+    mask = tf.boolean_mask(b['query_mask'], real)
+    video = tf.boolean_mask(video_of, real)
+    n = tf.shape(feats)[0]
+    check = tf.debugging.assert_less_equal(
+        n, num_slots, message=f'{_OVERFLOW_TAG}: batch has more captions than query slots')
+    with tf.control_dependencies([check]):
+      pad = num_slots - n
+    return {
+        'clip_feats': b['clip_feats'],
+        'frame_feats': b['frame_feats'],
+        'frame_mask': b['frame_mask'],
+        'video_valid': b['video_order'] >= 0,
+        'query_feats': tf.ensure_shape(tf.pad(feats, [[0, pad], [0, 0], [0, 0]]),
+                                       [num_slots, lq, dq]),
+        'query_mask': tf.ensure_shape(tf.pad(mask, [[0, pad], [0, 0]]), [num_slots, lq]),
+        'query_valid': tf.range(num_slots) < n,
+        'query_video': tf.ensure_shape(tf.pad(video, [[0, pad]]), [num_slots]),
+    }
+
+  return collate
+
+
+def _seed(*values: int) -> int:
+  """A 31-bit seed mixed from integers (stable across processes)."""
+  digest = hashlib.sha256(repr(values).encode()).digest()
+  return int.from_bytes(digest[:4], 'little') & 0x7FFFFFFF
+
+
+def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_size: int,
+                   seed: int, start_step: int = 0, num_epochs: int | None = None,
+                   max_queries_per_batch: int = 0, process_index: int | None = None,
+                   process_count: int | None = None, shuffle_buffer: int = 1024,
+                   verify: bool = True, prefetch: int = 2) -> TrainIterator:
+  """Shuffled, repeated training batches of this host, from global step `start_step`.
+
+  Args:
+    global_batch_size: videos per global batch (a multiple of `process_count`).
+    seed: shuffling seed; epoch `e` is shuffled by `(seed, e, process_index)`.
+    start_step: first global step to yield (resumes exactly).
+    num_epochs: stop after this many epochs (`None`: repeat forever).
+    max_queries_per_batch: query slots `Q` per host batch; 0 = enough for any batch.
+    process_index, process_count: this host and the host count (default: from jax).
+    shuffle_buffer: records in the shuffle buffer (after a per-epoch file shuffle).
+    verify: check the sha256 of this host's shard files (once per process).
+  """
+  process_index, process_count = _hosts(process_index, process_count)
+  local = _local(global_batch_size, process_count, 'global_batch_size')
+  s = shards.split(split)
+  _report_skipped(s, shards)
+  mine = s.host_shards(process_index, process_count)
+  if verify:
+    verify_checksums(mine)
+  num_local = sum(x.num_videos for x in mine)
+  spe = steps_per_epoch(s, global_batch_size, process_count)
+  auto_q = s.max_queries(local)
+  num_slots = max_queries_per_batch or auto_q
+  _keep_tf_off_accelerators()
+
+  start_epoch, skip_batches = divmod(start_step, spe)
+  files = tf.constant([x.path for x in mine], tf.string, shape=[len(mine)])
+  per_epoch = spe * local
+  base_seed = _seed(seed, process_index, process_count)
+  parse = _Parser(shards)
+
+  def epoch(e: tf.Tensor) -> tf.data.Dataset:
+    epoch_seed = (base_seed + e * 1_000_003) % 0x7FFFFFFF
+    skip = tf.where(e == start_epoch, tf.constant(skip_batches * local, tf.int64), 0)
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(len(mine)), seed=tf.stack([tf.constant(base_seed, tf.int64), e]))
+    records = tf.data.Dataset.from_tensor_slices(tf.gather(files, order)).interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+        cycle_length=max(1, min(_CYCLE_LENGTH, len(mine))), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    videos = (records.shuffle(shuffle_buffer, seed=epoch_seed)
+              .skip(tf.minimum(skip, num_local))
+              .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+    pads = (tf.data.Dataset.from_tensors(_pad_video(shards))
+            .repeat(per_epoch - num_local).skip(tf.maximum(skip - num_local, 0)))
+    return videos.concatenate(pads)
+
+  last = start_epoch + num_epochs if num_epochs is not None else np.iinfo(np.int64).max
+  if num_epochs is not None and start_step > spe * num_epochs:
+    raise ValueError(f'start_step={start_step} is past the end ({num_epochs} epochs of {spe} steps)')
+  lq, dq = shards.max_query_len, shards.query_dim
+  ds = (tf.data.Dataset.range(start_epoch, last).flat_map(epoch)
+        .padded_batch(local, padded_shapes={
+            'video_order': [], 'clip_feats': [shards.num_clips, shards.visual_dim],
+            'frame_feats': [shards.max_frames, shards.visual_dim],
+            'frame_mask': [shards.max_frames], 'query_feats': [None, lq, dq],
+            'query_mask': [None, lq], 'caption_order': [None], 'num_queries': []},
+            drop_remainder=True)
+        .map(_collate(num_slots, shards), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .prefetch(prefetch))
+  length = None if num_epochs is None else spe * num_epochs - start_step
+  return TrainIterator(ds, length, num_slots, steps_per_epoch=spe, local_batch_size=local,
+                       start_step=start_step)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalIndex:
+  """Ordered ids of an evaluation split.
+
+  Attributes:
+    video_ids: `[Nv]` score-matrix columns, in first-appearance order.
+    caption_ids: `[Nq]` score-matrix rows, in caption-file order.
+    caption_video_index: `[Nq]` int64 ground-truth column of each caption.
+    spans: `[Nq, 2]` float32 moment (start, end) in seconds, -1 when unknown.
+    durations: `[Nq]` float32 duration of each caption's video, -1 when unknown.
+  """
+  video_ids: list[str]
+  caption_ids: list[str]
+  caption_video_index: np.ndarray
+  spans: np.ndarray
+  durations: np.ndarray
+
+  @property
+  def has_spans(self) -> bool:
+    return bool(len(self.durations)) and bool((self.durations > 0).all())
+
+
+def eval_index(shards: ShardDataset, split: str) -> EvalIndex:
+  """The ordered ids, ground truth and moment spans of `split`."""
+  s = shards.split(split)
+  with open(s.index_path, 'rb') as f:
+    data = f.read()
+  if hashlib.sha256(data).hexdigest() != s.index_sha256:
+    raise prepare.ShardError(f'{s.index_path} is corrupted (sha256 differs from the manifest)')
+  index = json.loads(data)
+  return EvalIndex(
+      video_ids=index['video_ids'], caption_ids=index['caption_ids'],
+      caption_video_index=np.asarray(index['caption_video_index'], np.int64),
+      spans=np.asarray(index['spans'], np.float32).reshape(-1, 2),
+      durations=np.asarray(index['durations'], np.float32))
+
+
+def _eval_setup(shards, split, global_batch_size, process_index, process_count, verify, count):
+  process_index, process_count = _hosts(process_index, process_count)
+  local = _local(global_batch_size, process_count, 'global_batch_size')
+  s = shards.split(split)
+  _report_skipped(s, shards)
+  mine = s.host_shards(process_index, process_count)
+  if verify:
+    verify_checksums(mine)
+  most = max(sum(count(x) for x in s.host_shards(i, process_count)) for i in range(process_count))
+  num_batches = -(-most // local)
+  _keep_tf_off_accelerators()
+  return mine, local, num_batches, sum(count(x) for x in mine)
+
+
+def eval_videos(shards: ShardDataset, split: str, *, global_batch_size: int,
+                process_index: int | None = None, process_count: int | None = None,
+                verify: bool = True, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+  """Every video of `split` once across hosts, in first-appearance order within a host.
+
+  Yields numpy dicts `clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`,
+  `frame_mask [B, Lf]`, `video_index [B]` int64 (the score-matrix column, -1 = padding);
+  `len()` batches, the same number on every host.
+  """
+  mine, local, num_batches, n = _eval_setup(
+      shards, split, global_batch_size, process_index, process_count, verify,
+      lambda x: x.num_videos)
+  parse = _Parser(shards, captions=False)
+  pad = {k: v for k, v in _pad_video(shards).items()
+         if k in ('video_order', 'clip_feats', 'frame_feats', 'frame_mask')}
+  ds = (_records([x.path for x in mine])
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
+        .map(lambda v: {'clip_feats': v['clip_feats'], 'frame_feats': v['frame_feats'],
+                        'frame_mask': v['frame_mask'], 'video_index': v['video_order']})
+        .batch(local, drop_remainder=True).prefetch(prefetch))
+  return _NumpyIterator(ds, num_batches)
+
+
+def eval_queries(shards: ShardDataset, split: str, *, global_batch_size: int,
+                 process_index: int | None = None, process_count: int | None = None,
+                 verify: bool = True, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+  """Every caption of `split` once across hosts, grouped by video within a host.
+
+  Yields numpy dicts `query_feats [Q, Lq, Dq]`, `query_mask [Q, Lq]`, `query_index [Q]`
+  int64 (row in caption-file order, -1 = padding), `query_video_index [Q]` int64 (the
+  ground-truth column), and when the split has moment spans `query_moment_ratio [Q]`
+  float32 (moment length / video length, -1 = padding); `len()` batches, the same
+  number on every host.
+  """
+  mine, local, num_batches, n = _eval_setup(
+      shards, split, global_batch_size, process_index, process_count, verify,
+      lambda x: x.num_captions)
+  with_ratio = shards.split(split).has_spans
+  parse = _Parser(shards, video=False, moment_ratio=with_ratio)
+  lq, dq = shards.max_query_len, shards.query_dim
+
+  def captions(v):
+    items = {'query_feats': v['query_feats'], 'query_mask': v['query_mask'],
+             'query_index': v['caption_order'],
+             'query_video_index': tf.fill([v['num_queries']], v['video_order'])}
+    if with_ratio:
+      items['query_moment_ratio'] = v['moment_ratio']
+    return tf.data.Dataset.from_tensor_slices(items)
+
+  pad = {'query_feats': tf.zeros([lq, dq]), 'query_mask': tf.zeros([lq]),
+         'query_index': tf.constant(-1, tf.int64), 'query_video_index': tf.constant(-1, tf.int64)}
+  if with_ratio:
+    pad['query_moment_ratio'] = tf.constant(-1.0)
+  ds = (_records([x.path for x in mine])
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .flat_map(captions)
+        .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
+        .batch(local, drop_remainder=True).prefetch(prefetch))
+  return _NumpyIterator(ds, num_batches)
+
+
+# ----------------------------------------------------------------------------- config helper
+
+
+def _is_release(path: str) -> bool:
+  if os.path.isdir(os.path.join(path, 'TextData')):
+    return True
+  return any(os.path.isdir(os.path.join(path, d, 'TextData'))
+             for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+
+
+def check_dims(shards: ShardDataset, model_config) -> None:
+  """Raises naming the `config.model` flag whose value disagrees with the shards."""
+  for flag, value in (('visual_dim', shards.visual_dim), ('query_dim', shards.query_dim),
+                      ('num_clips', shards.num_clips), ('max_frames', shards.max_frames),
+                      ('max_query_len', shards.max_query_len)):
+    want = model_config.get(flag)
+    if want is not None and want != value:
+      raise ValueError(f'config.model.{flag}={want} but the shards in {shards.dir} have '
+                       f'{flag}={value}; set --config.model.{flag}={value} or prepare the '
+                       'shards again with matching settings')
+
+
+def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
+  """Opens the shards for `config.data`, preparing them first when needed.
+
+  `config.data.dir` may be a shard folder (with manifest.json), or a release folder,
+  which is prepared once into `<workdir>/shards`; an empty dir with
+  `config.data.name == 'synthetic'` generates the synthetic benchmark into
+  `<workdir>/synthetic` (size `config.data.synthetic_size`). Dims are checked against
+  `config.model`.
+  """
+  data = config.data
+  path = data.dir
+  if not path:
+    if data.get('name') != 'synthetic':
+      raise ValueError('config.data.dir is empty: set it to a shard or release folder')
+    if not workdir:
+      raise ValueError('the synthetic benchmark needs a workdir to be generated into')
+    from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+    path = synthetic.ensure(data.get('synthetic_size', 'default'),
+                            os.path.join(workdir, 'synthetic'), seed=data.get('synthetic_seed', 0))
+  elif not os.path.isdir(path):
+    raise FileNotFoundError(f'config.data.dir={path} does not exist')
+  elif not os.path.isfile(os.path.join(path, prepare.MANIFEST)):
+    if not _is_release(path):
+      raise ValueError(f'config.data.dir={path} holds neither {prepare.MANIFEST} (shards) nor '
+                       'a release layout (TextData/, FeatureData/)')
+    if not workdir:
+      raise ValueError(f'config.data.dir={path} is a release folder: a workdir is needed to '
+                       'prepare its shards in (or prepare them with `python -m prvr_jax.data.prepare`)')
+    out = os.path.join(workdir, 'shards')
+    source_file = os.path.join(out, 'source.json')
+    source = {'release_dir': os.path.abspath(path)}
+    if os.path.isfile(source_file):
+      with open(source_file, encoding='utf-8') as f:
+        if json.load(f) != source:
+          raise ValueError(f'{out} holds shards of another release ({source_file}); '
+                           'use another workdir')
+    else:
+      os.makedirs(out, exist_ok=True)
+      with open(source_file, 'w', encoding='utf-8') as f:
+        json.dump(source, f)
+    prepare.prepare_from_config(config, out)
+    path = out
+  shards = open_shards(path)
+  check_dims(shards, config.model)
+  return shards

@@ -1,0 +1,431 @@
+r"""Feature shards: a TFDS builder writing TFRecord shards of the MS-SL release + a manifest.
+
+One record per video (see `shard_features`): preprocessed clip features `[Lc, Dv]`, frame
+features `[n <= Lf, Dv]`, every caption's token features (flattened `[sum n_i, Dq]` +
+lengths), caption / video ids, each caption's row in the caption file, the video's
+first-appearance index, and moment spans `[n_caps, 2]` + duration (seconds; -1 unknown).
+Float32 values are stored as raw bytes, so they read back bit-exact.
+
+Command line (writes `<out>/manifest.json` and the TFDS folders beside it):
+
+  python -m prvr_jax.data.prepare --config=configs/gmmformer_v2.py:tvr \
+      --config.data.dir=/data/ms-sl/tvr --out=/data/shards/tvr
+
+As a TFDS dataset (the release folder is the manual dir):
+
+  builder = tfds.builder('prvr_features/tvr', data_dir=...)   # after importing this module
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir='/data/ms-sl'))
+
+Resumable per split: the command line builds one TFDS dataset per split, and TFDS reuses a
+finished one; a split interrupted half way is rebuilt from its start. Deterministic:
+examples are written in first-appearance video order without shuffling, so the same
+release gives byte-identical shards. Moment spans are read from the optional file
+`TextData/<collection><split>.moments.txt` (`<cap_id> <start> <end> <duration>` lines).
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from etils import epath
+import numpy as np
+import tensorflow_datasets as tfds
+
+from tensorflow_datasets.core import writer as tfds_writer
+
+from prvr_jax.data import preprocess
+from prvr_jax.data import release as release_lib
+
+_log = logging.getLogger(__name__)
+
+MANIFEST = 'manifest.json'
+FORMAT = 'prvr_jax.shards'
+FORMAT_VERSION = 1
+BUILDER_NAME = 'prvr_features'
+# Aim for shards of about this size, and at least this many per split (host splitting).
+TARGET_SHARD_BYTES = 256 << 20
+MIN_SHARDS = 8
+
+
+class ShardError(ValueError):
+  """A missing, stale or corrupted shard folder; the message names the file."""
+
+
+# ----------------------------------------------------------------------------- record
+
+
+def shard_features() -> tfds.features.FeaturesDict:
+  """The TFDS feature spec of one video record."""
+  f32 = dict(dtype=np.float32, encoding=tfds.features.Encoding.BYTES)
+  return tfds.features.FeaturesDict({
+      'video_id': tfds.features.Text(),
+      'video_order': tfds.features.Scalar(dtype=np.int64),
+      'clip_feats': tfds.features.Tensor(shape=(None, None), **f32),
+      'frame_feats': tfds.features.Tensor(shape=(None, None), **f32),
+      'num_frames': tfds.features.Scalar(dtype=np.int64),
+      'caption_ids': tfds.features.Sequence(tfds.features.Text()),
+      'caption_order': tfds.features.Tensor(shape=(None,), dtype=np.int64),
+      'caption_lengths': tfds.features.Tensor(shape=(None,), dtype=np.int64),
+      'caption_feats': tfds.features.Tensor(shape=(None, None), **f32),
+      'spans': tfds.features.Tensor(shape=(None, 2), dtype=np.float32),
+      'duration': tfds.features.Scalar(dtype=np.float32),
+  })
+
+
+def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
+  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
+  moments = {}
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, 1):
+      parts = line.split()
+      if not parts:
+        continue
+      try:
+        if len(parts) != 4:
+          raise ValueError
+        start, end, duration = (float(v) for v in parts[1:])
+      except ValueError:
+        raise release_lib.DataError(
+            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {line.strip()!r}'
+        ) from None
+      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
+        raise release_lib.DataError(
+            f'{path}:{lineno}: caption {parts[0]!r} needs 0 <= start <= end <= duration, '
+            f'got {start} {end} {duration}')
+      moments[parts[0]] = (start, end, duration)
+  return moments
+
+
+def moments_path(release: release_lib.Release, split: str) -> str:
+  layout = release.layout
+  return os.path.join(layout.text_dir, f'{layout.collection}{split}.moments.txt')
+
+
+def split_moments(release: release_lib.Release, split: str) -> dict[str, tuple[float, float, float]]:
+  """The split's moments (empty when it has no moments file)."""
+  path = moments_path(release, split)
+  return read_moments(path) if os.path.isfile(path) else {}
+
+
+def video_examples(split: release_lib.ReleaseSplit,
+                   moments: dict[str, tuple[float, float, float]],
+                   video_ids: Sequence[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+  """Yields `(video_order, record)` for the split's videos in first-appearance order."""
+  caption_row = {c: i for i, c in enumerate(split.caption_ids)}
+  order = {v: i for i, v in enumerate(split.video_ids)}
+  for video_id in split.video_ids if video_ids is None else video_ids:
+    clips, frames = split.video_features(video_id)
+    cap_ids = split.captions_of(video_id)
+    caps = [split.caption_features(c) for c in cap_ids]
+    spans = np.full((len(cap_ids), 2), -1, np.float32)
+    duration = -1.0
+    for i, c in enumerate(cap_ids):
+      if c in moments:
+        spans[i] = moments[c][:2]
+        duration = moments[c][2]
+    yield order[video_id], {
+        'video_id': video_id,
+        'video_order': order[video_id],
+        'clip_feats': clips,
+        'frame_feats': frames,
+        'num_frames': len(frames),
+        'caption_ids': cap_ids,
+        'caption_order': np.array([caption_row[c] for c in cap_ids], np.int64),
+        'caption_lengths': np.array([len(x) for x in caps], np.int64),
+        'caption_feats': np.concatenate(caps, axis=0),
+        'spans': spans,
+        'duration': np.float32(duration),
+    }
+
+
+# ----------------------------------------------------------------------------- TFDS builder
+
+
+class _CanonicalExampleWriter(tfds_writer.ExampleWriter):
+  """Writes tf.Examples with their feature map sorted by key.
+
+  Protobuf serialises map fields in hash order, which varies between processes; the
+  sorted form makes the same input give byte-identical shards.
+  """
+
+  def write(self, path, examples):
+    from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
+    canonical = ((key, example_pb2.Example.FromString(data).SerializeToString(deterministic=True))
+                 for key, data in examples)
+    return super().write(path, canonical)
+
+
+
+@dataclasses.dataclass
+class PrvrConfig(tfds.core.BuilderConfig):
+  """One collection / feature of the release, and the preprocessing settings.
+
+  `splits=()` builds every split that has a caption file.
+  """
+  collection: str = ''
+  visual_feature: str | None = None
+  text_feature: str = 'roberta'
+  splits: tuple[str, ...] = ()
+  num_clips: int = preprocess.NUM_CLIPS
+  max_frames: int = preprocess.MAX_FRAMES
+  max_query_len: int = preprocess.MAX_QUERY_LEN
+  skip_bad_items: bool = False
+
+
+class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
+                   skip_registration=__name__ == '__main__'):
+  """PRVR video features (MS-SL release), one record per video with all its captions."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = """
+  Download the MS-SL feature release (https://github.com/HuiGuanLab/ms-sl) and point
+  `manual_dir` at the folder holding `<collection>/TextData` and
+  `<collection>/FeatureData/<visual_feature>` (or at the collection folder itself).
+  """
+  BUILDER_CONFIGS = [
+      PrvrConfig(name='tvr', collection='tvr', visual_feature='i3d_resnet'),
+      PrvrConfig(name='activitynet', collection='activitynet', visual_feature='i3d'),
+      PrvrConfig(name='charades', collection='charades', visual_feature='i3d_rgb_lgi'),
+      PrvrConfig(name='synthetic', collection='synthetic', visual_feature='synthetic'),
+  ]
+  # TFDS infers this through `importlib_resources`, which it does not install; the
+  # result (this file, whose folder has no checksums.tsv) is the same.
+  code_path = epath.Path(__file__)
+
+  def __init__(self, *, release: release_lib.Release | None = None, **kwargs):
+    """`release`: an opened `Release` to read (else one is opened from the manual dir)."""
+    self._release = release
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=shard_features(), disable_shuffling=True,
+        homepage='https://github.com/HuiGuanLab/ms-sl')
+
+  def _open_release(self, manual_dir) -> release_lib.Release:
+    if self._release is None:
+      cfg = self.builder_config
+      self._release = release_lib.Release(
+          os.fspath(manual_dir), cfg.collection, cfg.visual_feature, cfg.text_feature,
+          num_clips=cfg.num_clips, max_frames=cfg.max_frames, max_query_len=cfg.max_query_len,
+          skip_bad_items=cfg.skip_bad_items)
+    return self._release
+
+  def _example_writer(self) -> tfds_writer.ExampleWriter:
+    return _CanonicalExampleWriter(file_format=self.info.file_format)
+
+  def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+    release = self._open_release(dl_manager.manual_dir)
+    names = self.builder_config.splits or release.splits
+    return {name: self._generate_examples(release, name) for name in names}
+
+  def _generate_examples(self, release: release_lib.Release, name: str):
+    split = release.split(name)
+    yield from video_examples(split, split_moments(release, name))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def sha256_file(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 22), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, path)
+
+
+def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Release) -> int:
+  frames = sum(min(split.num_frames(v), release.max_frames) + release.num_clips
+               for v in split.video_ids)
+  est_bytes = 4 * frames * split.visual_dim
+  return max(MIN_SHARDS, -(-est_bytes // TARGET_SHARD_BYTES))
+
+
+def _split_summary(split: release_lib.ReleaseSplit, moments: dict, shards: list[dict],
+                   index_file: str, index_sha: str) -> dict[str, Any]:
+  counts = [len(split.captions_of(v)) for v in split.video_ids]
+  histogram = collections.Counter(counts)
+  return {
+      'num_videos': len(split.video_ids),
+      'num_captions': len(split.caption_ids),
+      'max_captions_per_video': max(counts),
+      'caption_count_histogram': {str(k): histogram[k] for k in sorted(histogram)},
+      'has_spans': all(c in moments for c in split.caption_ids),
+      'skipped': [list(item) for item in split.skipped],
+      'index': {'file': index_file, 'sha256': index_sha},
+      'shards': shards,
+  }
+
+
+def _write_index(path: str, split: release_lib.ReleaseSplit, moments: dict) -> None:
+  """Ordered ids of an eval split: videos (first appearance), captions (file order)."""
+  unknown = (-1.0, -1.0, -1.0)
+  _write_json(path, {
+      'video_ids': split.video_ids,
+      'caption_ids': split.caption_ids,
+      'caption_video_index': split.caption_video_index().tolist(),
+      'spans': [list(moments.get(c, unknown)[:2]) for c in split.caption_ids],
+      'durations': [moments.get(c, unknown)[2] for c in split.caption_ids],
+  })
+
+
+def _split_done(out_dir: str, entry: dict | None) -> bool:
+  """Whether a manifest entry's shard and index files are all there, at their sizes."""
+  if not entry:
+    return False
+  paths = [(os.path.join(out_dir, d['file']), d['bytes']) for d in entry['shards']]
+  return (os.path.isfile(os.path.join(out_dir, entry['index']['file']))
+          and all(os.path.isfile(p) and os.path.getsize(p) == n for p, n in paths))
+
+
+def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = None,
+                   visual_feature: str | None = None, text_feature: str = 'roberta',
+                   splits: Sequence[str] | None = None,
+                   num_clips: int = preprocess.NUM_CLIPS, max_frames: int = preprocess.MAX_FRAMES,
+                   max_query_len: int = preprocess.MAX_QUERY_LEN,
+                   visual_dim: int | None = None, query_dim: int | None = None,
+                   skip_bad_items: bool = False, num_shards: int = 0) -> str:
+  """Writes (or finishes) a shard folder; returns the path of its manifest.
+
+  Args:
+    release_dir: the release root (holding `<collection>/`) or the collection folder.
+    out_dir: the shard folder; a re-run skips the splits it already finished.
+    splits: split names (default: every split with a caption file).
+    visual_dim, query_dim: expected dims (a mismatch raises naming the config flag).
+    skip_bad_items: skip (and record in the manifest) bad videos / captions.
+    num_shards: shards per split; 0 = about 256 MiB each, at least 8.
+  """
+  release = release_lib.Release(
+      release_dir, collection, visual_feature, text_feature, num_clips=num_clips,
+      max_frames=max_frames, max_query_len=max_query_len, visual_dim=visual_dim,
+      query_dim=query_dim, skip_bad_items=skip_bad_items)
+  splits = tuple(splits or release.splits)
+  settings = {
+      'collection': release.collection,
+      'visual_feature': visual_feature,
+      'text_feature': text_feature,
+      'num_clips': num_clips,
+      'max_frames': max_frames,
+      'max_query_len': max_query_len,
+      'normalize': release.normalize,
+      'l2_eps': preprocess.L2_EPS,
+      'skip_bad_items': skip_bad_items,
+  }
+  os.makedirs(out_dir, exist_ok=True)
+  manifest_path = os.path.join(out_dir, MANIFEST)
+  manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
+              'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
+              'preprocessing': settings, 'splits': {}}
+  if os.path.isfile(manifest_path):
+    with open(manifest_path, encoding='utf-8') as f:
+      old = json.load(f)
+    if old.get('preprocessing') != settings:
+      raise ShardError(f'{manifest_path} was prepared with other settings '
+                       f'({old.get("preprocessing")}); use another --out or delete it')
+    manifest['splits'] = {k: v for k, v in old.get('splits', {}).items() if k in splits}
+
+  for name in splits:
+    if _split_done(out_dir, manifest['splits'].get(name)):
+      _log.info('split %s: already prepared in %s', name, out_dir)
+      continue
+    split = release.split(name)
+    moments = split_moments(release, name)
+    n = num_shards or _auto_num_shards(split, release)
+    config = PrvrConfig(
+        name=f'{release.collection}-{visual_feature or text_feature}-{name}',
+        collection=release.collection, visual_feature=visual_feature,
+        text_feature=text_feature, splits=(name,), num_clips=num_clips, max_frames=max_frames,
+        max_query_len=max_query_len, skip_bad_items=skip_bad_items)
+    builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
+    _log.info('split %s: %d videos, %d captions -> %d shards in %s', name,
+              len(split.video_ids), len(split.caption_ids), n, builder.data_dir)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=release_dir, num_shards=min(n, len(split.video_ids))))
+    if split.skipped:
+      _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
+                   split.skipped[0][1])
+
+    info = builder.info.splits[name]
+    files = [os.fspath(p) for p in info.filenames]
+    lengths = list(info.shard_lengths)
+    counts = [len(split.captions_of(v)) for v in split.video_ids]
+    bounds = np.cumsum([0] + lengths)
+    shards = []
+    for i, (fname, length) in enumerate(zip(files, lengths)):
+      path = os.path.join(builder.data_dir, fname)
+      shards.append({
+          'file': os.path.relpath(path, out_dir),
+          'num_videos': length,
+          'num_captions': sum(counts[bounds[i]:bounds[i + 1]]),
+          'bytes': os.path.getsize(path),
+          'sha256': sha256_file(path),
+      })
+    index_file = f'index-{name}.json'
+    _write_index(os.path.join(out_dir, index_file), split, moments)
+    manifest['splits'][name] = _split_summary(
+        split, moments, shards, index_file, sha256_file(os.path.join(out_dir, index_file)))
+    manifest['visual_dim'] = split.visual_dim
+    manifest['query_dim'] = split.query_dim
+    _write_json(manifest_path, manifest)
+
+  manifest['complete'] = True
+  _write_json(manifest_path, manifest)
+  return manifest_path
+
+
+def prepare_from_config(config, out_dir: str, num_shards: int = 0) -> str:
+  """`prepare_shards` for `config.data.dir` with the settings of an ml_collections config."""
+  data, model = config.data, config.model
+  splits = [data.get(k) for k in ('train_split', 'val_split', 'test_split') if data.get(k)]
+  return prepare_shards(
+      data.dir, out_dir, collection=data.get('collection') or None,
+      visual_feature=data.get('visual_feature') or None,
+      text_feature=data.get('text_feature', 'roberta'), splits=list(dict.fromkeys(splits)),
+      num_clips=model.get('num_clips', preprocess.NUM_CLIPS),
+      max_frames=model.get('max_frames', preprocess.MAX_FRAMES),
+      max_query_len=model.get('max_query_len', preprocess.MAX_QUERY_LEN),
+      visual_dim=model.get('visual_dim'), query_dim=model.get('query_dim'),
+      skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards)
+
+
+def _main(argv: Sequence[str]) -> None:
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  config, out = flags.FLAGS.config, flags.FLAGS.out
+  if not config.data.dir:
+    raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
+  path = prepare_from_config(config, out, flags.FLAGS.num_shards)
+  with open(path, encoding='utf-8') as f:
+    manifest = json.load(f)
+  for name, s in manifest['splits'].items():
+    print(f'{name}: {s["num_videos"]} videos, {s["num_captions"]} captions, '
+          f'{len(s["shards"])} shards, skipped {len(s["skipped"])} bad item(s)')
+  print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file('config', None, 'model config file[:dataset]', lock_config=True)
+  flags.DEFINE_string('out', None, 'output shard folder', required=True)
+  flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
+  flags.mark_flag_as_required('config')
+  logging.basicConfig(level=logging.INFO)
+  app.run(_main)
