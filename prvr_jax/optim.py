@@ -1,0 +1,184 @@
+"""Optimisers: the official BertAdam with warmup-linear schedule, and AdamW.
+
+BertAdam (the optimiser of all official PRVR repos) differs from Adam: each
+parameter tensor's gradient is clipped to its own L2 norm, there is no bias
+correction, and weight decay is decoupled and added to the update before the
+learning rate. Weight-decay masks follow optax: True = decayed.
+"""
+
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+MaskOrFn = Union[Any, Callable[[optax.Params], Any]]
+
+_OFFICIAL_NO_DECAY = ('bias', 'LayerNorm.bias', 'LayerNorm.weight')
+
+
+def official_no_decay(torch_name: str) -> bool:
+  """The official param-group rule: True if `torch_name` gets no weight decay.
+
+  A name is exempt when it contains "bias", "LayerNorm.bias" or
+  "LayerNorm.weight"; other LayerNorms (e.g. v2's `norm1`/`norm2`) and
+  position embeddings are decayed.
+  """
+  return any(part in torch_name for part in _OFFICIAL_NO_DECAY)
+
+
+def default_decay_mask(params: optax.Params) -> Any:
+  """Decay every leaf except biases and LayerNorm scales (Flax names)."""
+  def decayed(path, _):
+    last = path[-1]
+    name = getattr(last, 'key', getattr(last, 'name', None))
+    return name not in ('bias', 'scale')
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def warmup_linear_schedule(lr: float, warmup_proportion: float,
+                           total_steps: int) -> optax.Schedule:
+  """The official "warmup_linear" schedule as an optax schedule.
+
+  `count` is the number of updates already applied (so the first update uses
+  lr * 0 when warming up). With progress p = count / total_steps and warmup
+  proportion w: lr * p / w for p < w, then lr * max((1 - p) / (1 - w), 0).
+  `warmup_proportion = -1` means no warmup; `total_steps < 0` gives a
+  constant lr, as in the official code.
+  """
+  if not (0. <= warmup_proportion < 1. or warmup_proportion == -1):
+    raise ValueError(
+        f'warmup_linear_schedule: warmup_proportion must be in [0, 1) or -1, '
+        f'got {warmup_proportion}.')
+  warmup = max(float(warmup_proportion), 0.)
+  if total_steps < 0:
+    return optax.constant_schedule(lr)
+  if total_steps == 0:
+    raise ValueError('warmup_linear_schedule: total_steps must not be 0.')
+
+  def schedule(count):
+    progress = jnp.asarray(count, jnp.float32) / float(total_steps)
+    decay = jnp.maximum((1. - progress) / (1. - warmup), 0.)
+    if warmup == 0.:
+      return lr * decay
+    return lr * jnp.where(progress < warmup, progress / warmup, decay)
+
+  return schedule
+
+
+def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales each gradient leaf to L2 norm <= max_norm (torch clip_grad_norm_).
+
+  Like torch, the factor is min(1, max_norm / (norm + 1e-6)).
+  """
+  def update_fn(updates, state, params=None):
+    del params
+
+    def clip(g):
+      norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+      factor = jnp.minimum(1., max_norm / (norm + 1e-6))
+      return (g * factor).astype(g.dtype)
+
+    return jax.tree.map(clip, updates), state
+
+  return optax.GradientTransformation(
+      lambda params: optax.EmptyState(), update_fn)
+
+
+class ScaleByBertAdamState(NamedTuple):
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_bert_adam(b1: float = 0.9, b2: float = 0.999,
+                       eps: float = 1e-6) -> optax.GradientTransformation:
+  """Adam moments without bias correction: m / (sqrt(v) + eps)."""
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p)
+    return ScaleByBertAdamState(mu=jax.tree.map(zeros, params),
+                                nu=jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1. - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1. - b2) * g * g, state.nu,
+                      updates)
+    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return updates, ScaleByBertAdamState(mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def bert_adam(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
+              weight_decay_mask: Optional[MaskOrFn], max_grad_norm: float = 1.0,
+              b1: float = 0.9, b2: float = 0.999,
+              eps: float = 1e-6) -> optax.GradientTransformation:
+  """The official BertAdam as an optax transformation.
+
+  update = -lr_t * (m / (sqrt(v) + eps) + weight_decay * p * mask), with each
+  gradient tensor first clipped to L2 norm <= max_grad_norm (skipped when
+  max_grad_norm <= 0) and no bias correction.
+
+  Args:
+    learning_rate: a float or an optax schedule of the update count
+      (see `warmup_linear_schedule`).
+    weight_decay: decay factor. Note that the official `get_opts` hard-codes
+      0.01 in its decayed param group, whatever the configured `wd`.
+    weight_decay_mask: pytree of bools like the params (True = decayed) or a
+      callable params -> such a pytree; None decays everything.
+    max_grad_norm: per-tensor clipping norm.
+    b1, b2, eps: Adam constants.
+  """
+  parts = []
+  if max_grad_norm > 0:
+    parts.append(clip_by_tensor_norm(max_grad_norm))
+  parts.append(scale_by_bert_adam(b1, b2, eps))
+  if weight_decay > 0:
+    parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
+  parts.append(optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(*parts)
+
+
+def adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
+          weight_decay_mask: Optional[MaskOrFn] = default_decay_mask,
+          max_grad_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8) -> optax.GradientTransformation:
+  """optax AdamW with global-norm gradient clipping (skipped if <= 0).
+
+  By default no decay on biases and LayerNorm scales (`default_decay_mask`).
+  """
+  opt = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps,
+                    weight_decay=weight_decay, mask=weight_decay_mask)
+  if max_grad_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), opt)
+  return opt
+
+
+def make_optimizer(config_optim: Any, total_steps: int,
+                   weight_decay_mask: Optional[MaskOrFn] = None
+                   ) -> optax.GradientTransformation:
+  """Builds the optimiser of `config.optim`.
+
+  Args:
+    config_optim: `config.optim` with `name` ('bert_adam' | 'adamw'), `lr`,
+      `warmup_proportion`, `weight_decay`, `max_grad_norm`.
+    total_steps: planned number of updates (the official t_total).
+    weight_decay_mask: the mask for 'bert_adam' (derived from the official
+      parameter names by the model code); None = `default_decay_mask`.
+      'adamw' always uses `default_decay_mask` (no decay on biases and on
+      any LayerNorm parameter).
+  """
+  schedule = warmup_linear_schedule(config_optim.lr,
+                                    config_optim.warmup_proportion, total_steps)
+  name = config_optim.name
+  if name == 'bert_adam':
+    return bert_adam(
+        schedule, weight_decay=config_optim.weight_decay,
+        weight_decay_mask=(default_decay_mask if weight_decay_mask is None
+                           else weight_decay_mask),
+        max_grad_norm=config_optim.max_grad_norm)
+  if name == 'adamw':
+    return adamw(schedule, weight_decay=config_optim.weight_decay,
+                 max_grad_norm=config_optim.max_grad_norm)
+  raise ValueError(
+      f"config.optim.name must be 'bert_adam' or 'adamw', got {name!r}.")
