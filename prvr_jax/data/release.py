@@ -21,6 +21,7 @@ fault. `skip_bad_items=True` skips bad videos / captions instead, records each o
 
 import ast
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -148,14 +149,30 @@ class BigFile:
 # ----------------------------------------------------------------------------- text files
 
 
+def _parse_dict_literal(text: str):
+  """A Python literal, parsed without `eval`.
+
+  Fast path: with no '"' and no backslash in the text, every "'" delimits a plain
+  string, so the JSON reading of the text with ' -> " is the same value (JSON is
+  ~20x faster and far leaner than `ast` on a TVR-sized file). Anything JSON rejects
+  (tuples, comments, ...) goes to `ast.literal_eval`.
+  """
+  if '"' not in text and '\\' not in text:
+    try:
+      return json.loads(text.replace("'", '"'))
+    except json.JSONDecodeError:
+      pass
+  return ast.literal_eval(text)
+
+
 def read_video2frames(path: str) -> dict[str, list[str]]:
   """Parses `video2frames.txt` (a dict literal, never `eval`ed): video id -> frame ids."""
   _require_files([path], 'video2frames')
   with open(path, encoding='utf-8') as f:
     text = f.read()
   try:
-    mapping = ast.literal_eval(text)
-  except (SyntaxError, ValueError) as e:
+    mapping = _parse_dict_literal(text)
+  except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
     line = f':{e.lineno}' if getattr(e, 'lineno', None) else ''
     raise DataError(f'{path}{line}: not a Python dict literal ({e.__class__.__name__}: {e})') from None
   if not isinstance(mapping, dict):
@@ -226,6 +243,11 @@ class H5Features:
   def __getstate__(self):
     return {**self.__dict__, '_file': None, '_pid': None}
 
+  def close(self) -> None:
+    if self._file is not None and self._pid == os.getpid():
+      self._file.close()
+    self._file = None
+
   def keys(self) -> set[str]:
     return set(self._h5().keys())
 
@@ -240,6 +262,11 @@ class H5Features:
 
   def shape(self, key: str) -> tuple[int, ...]:
     return self._dataset(key).shape
+
+  def shape_or_none(self, key: str) -> tuple[int, ...] | None:
+    """Shape of `key`'s dataset, or None when it is absent (one HDF5 lookup)."""
+    ds = self._h5().get(key)
+    return ds.shape if isinstance(ds, h5py.Dataset) else None
 
   def read(self, key: str) -> np.ndarray:
     """The stored array of `key`, in its stored dtype."""
@@ -298,6 +325,13 @@ class Layout:
 
   def caption_path(self, split: str) -> str:
     return os.path.join(self.text_dir, f'{self.collection}{split}{_CAPTION_SUFFIX}')
+
+  def feature_files(self) -> list[str]:
+    """The feature files this layout reads (caption files aside)."""
+    if self.text_feature == 'clip':
+      return [self.clip_video_feature_path, self.query_feature_path]
+    bigfile = [os.path.join(self.feature_dir, f) for f in ('feature.bin', 'id.txt', 'shape.txt')]
+    return bigfile + [self.video2frames_path, self.query_feature_path]
 
 
 def _resolve_collection(root: str, collection: str | None) -> tuple[str, str]:
@@ -384,6 +418,10 @@ class Release:
     self.skip_bad_items = skip_bad_items
     self.check_values = check_values
     self.splits: tuple[str, ...] = tuple(_caption_splits(collection_dir, collection))
+    if not self.splits:
+      expected = ', '.join(self.layout.caption_path(s) for s in _SPLIT_ORDER)
+      raise FileNotFoundError(f'no caption files in {self.layout.text_dir}; expected {expected}')
+    _require_files(self.layout.feature_files(), f'release {collection_dir} ({text_feature} layout)')
     self._bigfile = self._video2frames = self._clip_videos = self._queries = None
     self._splits: dict[str, ReleaseSplit] = {}
 
@@ -428,6 +466,18 @@ class Release:
       cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
       self._queries = cls(self.layout.query_feature_path)
     return self._queries
+
+  def close(self) -> None:
+    """Closes the HDF5 files (they reopen on the next read)."""
+    for reader in (self._clip_videos, self._queries):
+      if reader is not None:
+        reader.close()
+
+  def __enter__(self) -> 'Release':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   def split(self, name: str) -> 'ReleaseSplit':
     """The split read from `TextData/<collection><name>.caption.txt` (cached)."""
@@ -560,9 +610,9 @@ class ReleaseSplit:
     """Cheap (metadata-only) check of a video; returns the problem or None."""
     rel = self.release
     if rel.is_clip:
-      if video_id not in rel.clip_videos:
+      shape = rel.clip_videos.shape_or_none(video_id)
+      if shape is None:
         return f'video {video_id!r} is not in {rel.clip_videos.path}'
-      shape = rel.clip_videos.shape(video_id)
       if len(shape) != 2 or shape[0] == 0:
         return f'video {video_id!r} has no frames (shape {shape}) in {rel.clip_videos.path}'
       dim, source = shape[1], rel.clip_videos.path
@@ -587,9 +637,9 @@ class ReleaseSplit:
   def _check_caption(self, cap_id: str) -> str | None:
     rel = self.release
     path = rel.queries.path
-    if cap_id not in rel.queries:
+    shape = rel.queries.shape_or_none(cap_id)
+    if shape is None:
       return f'caption id {cap_id!r} is not in {path}'
-    shape = rel.queries.shape(cap_id)
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
       return f'caption {cap_id!r} has no token features (shape {shape}) in {path}'
@@ -611,18 +661,18 @@ class ReleaseSplit:
   def _check_config_dims(self) -> None:
     """Raises when the data's dims disagree with config.model.{visual,query}_dim."""
     rel = self.release
-    if not rel.is_clip:
-      _ = rel.bigfile  # checks config.model.visual_dim
-    elif rel.expected_visual_dim is not None:
-      first = next((v for v in self.video_ids if v in rel.clip_videos), None)
-      if first is not None and rel.clip_videos.shape(first)[-1] != rel.expected_visual_dim:
-        raise _dim_error('config.model.visual_dim', rel.expected_visual_dim,
-                         rel.clip_videos.shape(first)[-1], f'{rel.clip_videos.path} (video {first!r})')
-    if rel.expected_query_dim is not None:
-      first = next((c for c in self.caption_ids if c in rel.queries), None)
-      if first is not None and rel.queries.shape(first)[-1] != rel.expected_query_dim:
-        raise _dim_error('config.model.query_dim', rel.expected_query_dim,
-                         rel.queries.shape(first)[-1], f'{rel.queries.path} (caption {first!r})')
+    checks = [('config.model.query_dim', rel.expected_query_dim, rel.queries, self.caption_ids)]
+    if rel.is_clip:
+      checks.append(('config.model.visual_dim', rel.expected_visual_dim, rel.clip_videos, self.video_ids))
+    else:
+      _ = rel.bigfile  # checks config.model.visual_dim against shape.txt
+    for flag, expected, features, ids in checks:
+      if expected is None:
+        continue
+      shapes = (features.shape_or_none(i) for i in ids)
+      key, shape = next(((i, sh) for i, sh in zip(ids, shapes) if sh), (None, None))
+      if shape is not None and shape[-1] != expected:
+        raise _dim_error(flag, expected, shape[-1], f'{features.path} ({features.kind} {key!r})')
 
   def _validate(self, values: bool = False) -> None:
     """Checks every video and caption (metadata only, or every value); raises or skips."""
