@@ -197,6 +197,9 @@ def test_collection_resolution(tvr, tmp_path):
     release.Release(root, 'activitynet', 'i3d')
   with pytest.raises(FileNotFoundError, match=r"split 'test': missing caption file .*tvrtest.caption.txt"):
     _open(root).split('test')
+  release.write_captions(os.path.join(root, 'tvr', 'TextData', 'tvrval_1.caption.txt'), CAPTIONS['val'][:1])
+  rel = _open(root)
+  assert rel.splits == ('train', 'val') and rel.split('val_1').video_ids == ['v3']
 
 
 @pytest.mark.parametrize('victim', ['feature.bin', 'id.txt', 'video2frames.txt', 'query'])
@@ -229,6 +232,15 @@ def test_bad_shape_and_ids(tvr):
   with open(os.path.join(fd, 'shape.txt'), 'w') as f:
     f.write(f'249 {DV}')
   with pytest.raises(DataError, match=r'id.txt has 248 ids but .*shape.txt says N=249'):
+    release.BigFile(fd)
+  with open(os.path.join(fd, 'shape.txt'), 'w') as f:
+    f.write(f'248 {DV}')
+  with open(os.path.join(fd, 'id.txt'), 'r+') as f:
+    ids = f.read().split()
+    f.seek(0)
+    f.write(' '.join(ids[:-1] + ['v2_5']))
+    f.truncate()
+  with pytest.raises(DataError, match=r"id.txt: duplicate frame id 'v2_5'"):
     release.BigFile(fd)
 
 

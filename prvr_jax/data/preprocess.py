@@ -44,12 +44,12 @@ def _pool_segments(x: np.ndarray, num_segments: int, edge_dtype: type) -> np.nda
   counts = np.maximum(ends - starts, 1)
   # Accumulate row by row in the input dtype, vectorised over segments: the same
   # summation order as np.mean over axis 0, so float32 results match it bit for bit.
-  acc = x[starts].copy()
-  last = x.shape[0] - 1
+  acc = x[starts]  # a copy; also the value of an empty segment
   for offset in range(1, int(counts.max())):
-    rows = np.minimum(starts + offset, last)
-    acc += np.where((offset < counts)[:, None], x[rows], 0)
-  return acc / counts.astype(x.dtype)[:, None]
+    live = offset < counts
+    acc[live] += x[starts[live] + offset]
+  acc /= counts.astype(x.dtype)[:, None]
+  return acc
 
 
 def _check_2d(x: np.ndarray, name: str) -> np.ndarray:

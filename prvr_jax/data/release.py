@@ -99,8 +99,7 @@ class BigFile:
     self.ids: list[str] = ids
     self._index = {name: row for row, name in enumerate(ids)}
     if len(self._index) != num_rows:
-      seen = set()
-      dup = next(name for name in ids if name in seen or seen.add(name))
+      dup = next(name for row, name in enumerate(ids) if self._index[name] != row)
       raise DataError(f'{id_path}: duplicate frame id {dup!r}')
 
     expected = num_rows * dim * 4
@@ -340,12 +339,14 @@ def _resolve_collection(root: str, collection: str | None) -> tuple[str, str]:
   if not os.path.isdir(root):
     raise FileNotFoundError(f'release root {root} does not exist')
   if collection is not None:
-    for cand in (os.path.join(root, collection), root):
-      if os.path.isdir(os.path.join(cand, 'TextData')) and (
-          cand != root or os.path.basename(root) == collection or _caption_splits(cand, collection)):
-        return cand, collection
+    nested = os.path.join(root, collection)
+    if os.path.isdir(os.path.join(nested, 'TextData')):
+      return nested, collection
+    if os.path.isdir(os.path.join(root, 'TextData')) and (
+        os.path.basename(root) == collection or _caption_splits(root, collection)):
+      return root, collection
     raise FileNotFoundError(
-        f'collection {collection!r} not found: expected {os.path.join(root, collection, "TextData")} '
+        f'collection {collection!r} not found: expected {os.path.join(nested, "TextData")} '
         f'(or {root} itself to be the collection folder with TextData/{collection}*{_CAPTION_SUFFIX})')
   if os.path.isdir(os.path.join(root, 'TextData')):
     name = os.path.basename(root)
@@ -366,13 +367,9 @@ def _resolve_collection(root: str, collection: str | None) -> tuple[str, str]:
 
 
 def _caption_splits(collection_dir: str, collection: str) -> list[str]:
-  text_dir = os.path.join(collection_dir, 'TextData')
-  if not os.path.isdir(text_dir):
-    return []
-  names = [f[len(collection):-len(_CAPTION_SUFFIX)] for f in os.listdir(text_dir)
-           if f.startswith(collection) and f.endswith(_CAPTION_SUFFIX)]
-  names = [n for n in names if n]
-  return sorted(names, key=lambda n: (_SPLIT_ORDER.index(n) if n in _SPLIT_ORDER else 3, n))
+  """The standard splits (train, val, test) whose caption files exist."""
+  return [s for s in _SPLIT_ORDER
+          if os.path.isfile(os.path.join(collection_dir, 'TextData', f'{collection}{s}{_CAPTION_SUFFIX}'))]
 
 
 # ----------------------------------------------------------------------------- release
