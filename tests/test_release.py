@@ -118,10 +118,11 @@ def test_captions_round_trip_order_and_video_ids(tmp_path):
     ('a#0 ok\nb#0 x\na#0 again\n', r":3: duplicate caption id 'a#0' \(first on line 1\)"),
     ('#0 x\n', r":1: caption id '#0' has an empty video id"),
     ('\n\n', 'no captions'),
+    (b'a#0 ok\nb#0 caf\xe9\n', r':2: not UTF-8 text'),
 ])
 def test_caption_errors_name_file_and_line(tmp_path, lines, match):
   path = tmp_path / 'tvrtrain.caption.txt'
-  path.write_text(lines)
+  path.write_bytes(lines if isinstance(lines, bytes) else lines.encode())
   with pytest.raises(DataError, match=match) as e:
     release.read_captions(str(path))
   assert str(path) in str(e.value)
@@ -138,6 +139,10 @@ def test_hdf5_readers(tmp_path):
   with pytest.raises(DataError, match=rf"video id 'zz' is not in {path}"):
     release.ClipVideoFeatures(path).read('zz')
   assert pickle.loads(pickle.dumps(feats)).read('b#0').shape == (2,)
+  bad = tmp_path / 'bad.hdf5'
+  bad.write_text('not hdf5')
+  with pytest.raises(DataError, match=rf'{bad}: cannot open as HDF5'):
+    release.CaptionFeatures(str(bad)).keys()
 
 
 # ---------------------------------------------------------------- Release
@@ -164,6 +169,11 @@ def test_release_reads_splits_in_official_order(tvr):
   assert q.shape == (min(30, len(cap_feats['v2#enc#0'])), DQ) and q.dtype == np.float32
   with pytest.raises(KeyError, match='v0'):
     val.captions_of('v0')
+  # A pickled split (as sent to worker processes) reopens its files and reads the same.
+  copy = pickle.loads(pickle.dumps(val))
+  np.testing.assert_array_equal(copy.video_features('v3')[0], clips)
+  np.testing.assert_array_equal(copy.caption_features('v2#enc#0'), q)
+  assert len(pickle.dumps(val)) < 20_000
 
 
 def test_release_matches_official_pipeline(tmp_path):

@@ -93,7 +93,11 @@ class BigFile:
       raise DataError(f'{shape_path}: N and D must be positive, got {num_rows} {dim}')
 
     with open(id_path, 'rb') as f:
-      ids = f.read().decode('utf-8').split()
+      raw = f.read()
+    try:
+      ids = raw.decode('utf-8').split()
+    except UnicodeDecodeError as e:
+      raise DataError(f'{id_path}: not UTF-8 text (byte {e.start})') from None
     if len(ids) != num_rows:
       raise DataError(f'{id_path} has {len(ids)} ids but {shape_path} says N={num_rows}')
     self.ids: list[str] = ids
@@ -191,24 +195,28 @@ def read_captions(path: str) -> list[tuple[str, str]]:
   _require_files([path], 'captions')
   items = []
   first_line = {}
-  with open(path, encoding='utf-8') as f:
-    for lineno, line in enumerate(f, 1):
-      line = line.rstrip('\r\n')
-      if not line.strip():
-        continue
-      if line[0].isspace():
-        raise DataError(f'{path}:{lineno}: line has no caption id (starts with whitespace): {line!r}')
-      parts = line.split(None, 1)
-      if len(parts) < 2 or not parts[1].strip():
-        raise DataError(f'{path}:{lineno}: caption id {parts[0]!r} has no caption text')
-      cap_id, caption = parts[0], parts[1].strip()
-      if not video_id_of(cap_id):
-        raise DataError(f'{path}:{lineno}: caption id {cap_id!r} has an empty video id (before "#")')
-      if cap_id in first_line:
-        raise DataError(f'{path}:{lineno}: duplicate caption id {cap_id!r} '
-                        f'(first on line {first_line[cap_id]})')
-      first_line[cap_id] = lineno
-      items.append((cap_id, caption))
+  with open(path, 'rb') as f:
+    raw_lines = f.read().removeprefix(b'\xef\xbb\xbf').split(b'\n')  # drop a UTF-8 BOM
+  for lineno, raw in enumerate(raw_lines, 1):
+    try:
+      line = raw.decode('utf-8').rstrip('\r')
+    except UnicodeDecodeError as e:
+      raise DataError(f'{path}:{lineno}: not UTF-8 text (byte {e.start} of the line)') from None
+    if not line.strip():
+      continue
+    if line[0].isspace():
+      raise DataError(f'{path}:{lineno}: line has no caption id (starts with whitespace): {line!r}')
+    parts = line.split(None, 1)
+    if len(parts) < 2 or not parts[1].strip():
+      raise DataError(f'{path}:{lineno}: caption id {parts[0]!r} has no caption text')
+    cap_id, caption = parts[0], parts[1].strip()
+    if not video_id_of(cap_id):
+      raise DataError(f'{path}:{lineno}: caption id {cap_id!r} has an empty video id (before "#")')
+    if cap_id in first_line:
+      raise DataError(f'{path}:{lineno}: duplicate caption id {cap_id!r} '
+                      f'(first on line {first_line[cap_id]})')
+    first_line[cap_id] = lineno
+    items.append((cap_id, caption))
   if not items:
     raise DataError(f'{path}: no captions')
   return items
@@ -235,7 +243,10 @@ class H5Features:
 
   def _h5(self) -> h5py.File:
     if self._file is None or self._pid != os.getpid():
-      self._file = h5py.File(self.path, 'r')
+      try:
+        self._file = h5py.File(self.path, 'r')
+      except OSError as e:
+        raise DataError(f'{self.path}: cannot open as HDF5 ({e})') from None
       self._pid = os.getpid()
     return self._file
 
