@@ -1,0 +1,310 @@
+r"""The synthetic PRVR benchmark: long untrimmed videos with planted moments.
+
+A shared latent world holds `num_concepts` concept atoms, `num_scenes` background
+scenes and `num_function_words` function words. Each video is a smooth random walk
+around one scene (background clutter) with 1-3 planted moments: a span whose latent
+blends into `normalize(concept_a + concept_b)`. Moment lengths are log-uniform in
+`moment_ratio` of the video, so short moments (low M/V) are diluted by the background
+and hard for whole-video matching. Distractor moments from a small shared pool (the
+same concept pairs planted in many videos, never queried) add partially relevant
+content. Frames are `relu(W_v h + noise)`; query tokens come from the moment's
+concepts through a different projection `tanh(W_q ...)`, mixed with function words,
+word-level noise and a sentence context, with 1-6 queries per video and variable
+lengths (some over 30 tokens, to exercise truncation). True spans are recorded.
+
+  python -m prvr_jax.data.synthetic --out DIR --size default --format shards|mssl
+
+`--format mssl` writes the MS-SL release layout (collection `synthetic`, visual
+feature `synthetic`) plus `TextData/synthetic<split>.moments.txt`; `--format shards`
+writes the shard folder of `prvr_jax.data.prepare`. Everything is a function of
+(size, seed).
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.signal
+
+from prvr_jax.data import release as release_lib
+
+_log = logging.getLogger(__name__)
+
+COLLECTION = 'synthetic'
+VISUAL_FEATURE = 'synthetic'
+GENERATOR_VERSION = 1
+_SPLITS = ('train', 'val', 'test')
+_AR = 0.9  # background AR(1) coefficient per frame
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """Sizes and difficulty knobs of a synthetic benchmark."""
+  num_videos: tuple[int, int, int]               # train, val, test
+  visual_dim: int = 256
+  query_dim: int = 128
+  latent_dim: int = 48
+  num_concepts: int = 160
+  num_scenes: int = 24
+  num_function_words: int = 40
+  num_distractors: int = 24                      # shared pool of never-queried moments
+  frames: tuple[int, int] = (40, 200)            # raw feature rows per video
+  seconds_per_frame: float = 1.5
+  moments_per_video: tuple[int, int] = (1, 3)
+  distractors_per_video: tuple[int, int] = (0, 2)
+  queries_per_video: tuple[int, int] = (1, 6)
+  moment_ratio: tuple[float, float] = (0.04, 0.9)  # log-uniform moment/video length
+  query_tokens: tuple[int, int] = (6, 36)
+  content_word_prob: float = 0.5
+  moment_strength: float = 1.0                   # moment latent scale vs background
+  clutter: float = 0.9                           # background latent scale
+  background_drift: float = 0.6                  # scale of the background's walk
+  frame_noise: float = 0.35
+  word_noise: float = 0.45
+  sentence_context: float = 0.3
+
+
+SIZES = {
+    'tiny': Spec(num_videos=(24, 8, 12), visual_dim=32, query_dim=24, latent_dim=16,
+                 num_concepts=40, num_scenes=6, num_function_words=12, num_distractors=6,
+                 frames=(12, 160)),
+    'default': Spec(num_videos=(1200, 200, 400)),
+}
+
+
+@dataclasses.dataclass
+class SplitData:
+  """One generated split, in release form."""
+  videos: dict[str, np.ndarray]                       # video_id -> [T, Dv] raw frames
+  captions: list[tuple[str, str]]                     # (cap_id, text), caption-file order
+  caption_features: dict[str, np.ndarray]             # cap_id -> [n, Dq] raw tokens
+  moments: dict[str, tuple[float, float, float]]      # cap_id -> (start, end, duration) s
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+class _World:
+  """The latent vocabulary and the two modality projections shared by every split."""
+
+  def __init__(self, spec: Spec, rng: np.random.Generator):
+    d = spec.latent_dim
+    self.concepts = _unit(rng.normal(size=(spec.num_concepts, d)))
+    self.scenes = _unit(rng.normal(size=(spec.num_scenes, d)))
+    self.function_words = _unit(rng.normal(size=(spec.num_function_words, d)))
+    self.distractors = rng.choice(spec.num_concepts, size=(spec.num_distractors, 2))
+    # Unit-variance projections: a unit latent maps to unit-scale pre-activations.
+    self.w_visual = rng.normal(size=(d, spec.visual_dim))
+    self.b_visual = rng.normal(size=spec.visual_dim) * 0.3
+    self.w_query = rng.normal(size=(d, spec.query_dim))
+
+
+def _span(rng: np.random.Generator, spec: Spec, num_frames: int) -> tuple[int, int]:
+  lo, hi = np.log(spec.moment_ratio)
+  length = int(np.clip(round(np.exp(rng.uniform(lo, hi)) * num_frames), 1, num_frames))
+  start = int(rng.integers(0, num_frames - length + 1))
+  return start, start + length
+
+
+def _free_span(rng: np.random.Generator, spec: Spec, num_frames: int,
+               taken: list[tuple[int, int]], tries: int = 8) -> tuple[int, int] | None:
+  """A span overlapping none of `taken` (None after `tries` draws), so recorded spans stay true."""
+  for _ in range(tries):
+    start, end = _span(rng, spec, num_frames)
+    if all(end <= s or start >= e for s, e in taken):
+      return start, end
+  return None
+
+
+def _plant(latent: np.ndarray, content: np.ndarray, span: tuple[int, int], strength: float) -> None:
+  """Blends `content` into frames [start, end) with soft one-frame edges."""
+  start, end = span
+  weight = np.ones(end - start)
+  if end - start > 2:
+    weight[[0, -1]] = 0.5
+  latent[start:end] = (1 - weight[:, None]) * latent[start:end] + weight[:, None] * strength * content
+
+
+def _video(rng: np.random.Generator, spec: Spec, world: _World):
+  """Frame latents `[T, latent_dim]` and the planted moments `[(concept pair, span)]`."""
+  num_frames = int(rng.integers(spec.frames[0], spec.frames[1] + 1))
+  scene = world.scenes[rng.integers(len(world.scenes))]
+  # A stationary AR(1) walk around the scene: smooth, never-queried background.
+  eps = rng.normal(size=(num_frames, spec.latent_dim)) / np.sqrt(spec.latent_dim)
+  gain = np.sqrt(1 - _AR**2)
+  walk, _ = scipy.signal.lfilter([gain], [1, -_AR], eps, axis=0, zi=(1 - gain) * eps[:1])
+  latent = spec.clutter * (scene + spec.background_drift * walk)
+  for _ in range(int(rng.integers(spec.distractors_per_video[0], spec.distractors_per_video[1] + 1))):
+    pair = world.distractors[rng.integers(len(world.distractors))]
+    _plant(latent, _unit(world.concepts[pair].sum(0)), _span(rng, spec, num_frames), spec.moment_strength)
+  # Moments are planted after (over) the distractors and never overlap each other; a
+  # moment that finds no free room is left out (long first moments leave fewer).
+  moments = []
+  for _ in range(int(rng.integers(spec.moments_per_video[0], spec.moments_per_video[1] + 1))):
+    pair = rng.choice(len(world.concepts), size=2, replace=False)
+    span = _free_span(rng, spec, num_frames, [m[1] for m in moments])
+    if span is None:
+      break
+    _plant(latent, _unit(world.concepts[pair].sum(0)), span, spec.moment_strength)
+    moments.append((pair, span))
+  return latent, moments
+
+
+def _query(rng: np.random.Generator, spec: Spec, world: _World, pair: np.ndarray):
+  """Token latents `[n, latent_dim]` and a readable caption for a moment's concept pair."""
+  n = int(rng.integers(spec.query_tokens[0], spec.query_tokens[1] + 1))
+  content = rng.random(n) < spec.content_word_prob
+  content[rng.choice(n, size=2, replace=False)] = True  # both concepts are always named
+  words = np.where(content, rng.choice(pair, size=n), -1 - rng.integers(spec.num_function_words, size=n))
+  first = np.flatnonzero(content)
+  words[first[:2]] = pair
+  latent = np.where(content[:, None], world.concepts[np.maximum(words, 0)],
+                    world.function_words[np.maximum(-1 - words, 0)])
+  latent = latent + rng.normal(size=latent.shape) * spec.word_noise / np.sqrt(spec.latent_dim)
+  latent = (1 - spec.sentence_context) * latent + spec.sentence_context * latent.mean(0)
+  text = ' '.join(f'c{w}' if w >= 0 else f'f{-1 - w}' for w in words)
+  return latent, text
+
+
+def _project(latents: list[np.ndarray], fn) -> list[np.ndarray]:
+  """`fn` applied to all latents at once (one large matmul), split back per item."""
+  out = fn(np.concatenate(latents)).astype(np.float32)
+  return np.split(out, np.cumsum([len(x) for x in latents])[:-1])
+
+
+def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
+  """Generates every split (deterministic in `(spec, seed)`)."""
+  world = _World(spec, np.random.default_rng([seed, 0]))
+  out = {}
+  for split_index, (name, count) in enumerate(zip(_SPLITS, spec.num_videos)):
+    rng = np.random.default_rng([seed, 1 + split_index])
+    data = SplitData({}, [], {}, {})
+    for v in range(count):
+      video_id = f'{name}{v:05d}'
+      latent, moments = _video(rng, spec, world)
+      data.videos[video_id] = latent
+      duration = len(latent) * spec.seconds_per_frame
+      num_queries = int(rng.integers(spec.queries_per_video[0], spec.queries_per_video[1] + 1))
+      # Every moment gets a query before any gets a second one.
+      targets = [moments[i % len(moments)] for i in rng.permutation(num_queries)]
+      for q, (pair, (start, end)) in enumerate(targets):
+        cap_id = f'{video_id}#{q}'
+        tokens, text = _query(rng, spec, world, pair)
+        data.captions.append((cap_id, text))
+        data.caption_features[cap_id] = tokens
+        data.moments[cap_id] = (start * spec.seconds_per_frame, end * spec.seconds_per_frame, duration)
+    frames = _project(list(data.videos.values()), lambda h: np.maximum(
+        h.astype(np.float32) @ world.w_visual.astype(np.float32) + world.b_visual
+        + rng.standard_normal((len(h), spec.visual_dim), np.float32) * spec.frame_noise, 0))
+    data.videos = dict(zip(data.videos, frames))
+    tokens = _project(list(data.caption_features.values()), lambda h: np.tanh(h @ world.w_query))
+    data.caption_features = dict(zip(data.caption_features, tokens))
+    # Caption files are not grouped by video (the order the eval pipeline must restore).
+    order = rng.permutation(len(data.captions))
+    data.captions = [data.captions[i] for i in order]
+    out[name] = data
+  return out
+
+
+def write_moments(path: str, moments: dict[str, tuple[float, float, float]],
+                  cap_ids: Sequence[str]) -> None:
+  """Writes `<cap_id> <start> <end> <duration>` lines (read by `prepare.read_moments`)."""
+  with open(path, 'w', encoding='utf-8') as f:
+    for cap_id in cap_ids:
+      start, end, duration = moments[cap_id]
+      f.write(f'{cap_id} {start:.6g} {end:.6g} {duration:.6g}\n')
+
+
+def write_mssl(data: dict[str, SplitData], root: str) -> str:
+  """Writes the MS-SL release layout under `root`; returns the collection folder."""
+  videos = {v: x for split in data.values() for v, x in split.videos.items()}
+  captions = {name: split.captions for name, split in data.items()}
+  features = {c: x for split in data.values() for c, x in split.caption_features.items()}
+  collection_dir = release_lib.write_release(root, COLLECTION, videos, captions, features,
+                                             visual_feature=VISUAL_FEATURE)
+  for name, split in data.items():
+    write_moments(os.path.join(collection_dir, 'TextData', f'{COLLECTION}{name}.moments.txt'),
+                  split.moments, [c for c, _ in split.captions])
+  return collection_dir
+
+
+def _spec(size: str | Spec) -> Spec:
+  if isinstance(size, Spec):
+    return size
+  if size not in SIZES:
+    raise ValueError(f'unknown synthetic size {size!r}; expected one of {sorted(SIZES)} '
+                     '(config.data.synthetic_size)')
+  return SIZES[size]
+
+
+def _stamp(spec: Spec, seed: int) -> dict:
+  return {'generator_version': GENERATOR_VERSION, 'seed': seed, 'spec': dataclasses.asdict(spec)}
+
+
+def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0) -> str:
+  """Generates the benchmark and writes its shard folder `out_dir`; returns it."""
+  from prvr_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  release_root = out_dir.rstrip('/') + '.release'
+  shutil.rmtree(release_root, ignore_errors=True)
+  try:
+    write_mssl(generate(spec, seed), release_root)
+    prepare.prepare_shards(release_root, out_dir, collection=COLLECTION,
+                           visual_feature=VISUAL_FEATURE, splits=_SPLITS,
+                           visual_dim=spec.visual_dim, query_dim=spec.query_dim,
+                           num_shards=num_shards)
+  finally:
+    shutil.rmtree(release_root, ignore_errors=True)
+  return out_dir
+
+
+def ensure(size: str | Spec, out_dir: str, seed: int = 0) -> str:
+  """The shard folder of the benchmark `(size, seed)` under `out_dir`, generated once.
+
+  Returns `<out_dir>/<size>-seed<seed>` (a shard folder for `pipeline.open_shards`);
+  an existing folder made by the same generator version, spec and seed is reused.
+  """
+  spec = _spec(size)
+  name = size if isinstance(size, str) else 'custom'
+  shard_dir = os.path.join(out_dir, f'{name}-seed{seed}')
+  stamp_path = os.path.join(shard_dir, 'synthetic.json')
+  stamp = _stamp(spec, seed)
+  if os.path.isfile(stamp_path):
+    with open(stamp_path, encoding='utf-8') as f:
+      if json.load(f) == json.loads(json.dumps(stamp)):
+        return shard_dir
+  shutil.rmtree(shard_dir, ignore_errors=True)
+  _log.info('generating the %s synthetic benchmark (seed %d) into %s', name, seed, shard_dir)
+  write_shards(spec, shard_dir, seed)
+  with open(stamp_path, 'w', encoding='utf-8') as f:
+    json.dump(stamp, f, indent=1)
+  return shard_dir
+
+
+def _main(argv: Sequence[str]) -> None:
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fl = flags.FLAGS
+  spec = _spec(fl.size)
+  if fl.format == 'mssl':
+    path = write_mssl(generate(spec, fl.seed), fl.out)
+    print(f'wrote the MS-SL layout to {path} '
+          f'(--config.data.dir={path} --config.data.collection={COLLECTION} '
+          f'--config.data.visual_feature={VISUAL_FEATURE})')
+  else:
+    write_shards(spec, fl.out, fl.seed)
+    print(f'wrote shards to {fl.out}')
+
+
+if __name__ == '__main__':
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  flags.DEFINE_string('out', None, 'output folder', required=True)
+  flags.DEFINE_enum('size', 'default', sorted(SIZES), 'benchmark size')
+  flags.DEFINE_enum('format', 'shards', ['mssl', 'shards'], 'MS-SL release layout or shards')
+  flags.DEFINE_integer('seed', 0, 'generator seed')
+  logging.basicConfig(level=logging.INFO)
+  app.run(_main)
