@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax import matching
+from prvr_jax.ops import l2_normalize
 
 Array = jax.Array
 
@@ -38,12 +39,6 @@ def _masked_mean(x: Array, mask: Array) -> Array:
   """Mean of x over mask (0 when the mask is empty)."""
   count = mask.sum()
   return jnp.where(mask, x, 0.).sum() / jnp.maximum(count, 1)
-
-
-def _l2_normalize(x: Array, eps: float = 1e-12) -> Array:
-  """x / max(||x||, eps) along the last axis (torch F.normalize), NaN-free."""
-  sq = jnp.sum(x * x, axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, eps * eps))
 
 
 def _hinge(x: Array) -> Array:
@@ -199,7 +194,7 @@ def query_diverse_loss_v1(queries: Array, query_video: Array,
   Returns:
     Scalar loss.
   """
-  x = _l2_normalize(_upcast(queries))
+  x = l2_normalize(_upcast(queries))
   cos = x @ x.T
   pairs = _same_video_pairs(query_video, query_valid)
   lse = _masked_logsumexp(alpha * (cos + delta), pairs, axis=0)
@@ -224,7 +219,7 @@ def query_diverse_loss_v2(queries: Array, query_video: Array,
   Returns:
     Scalar loss.
   """
-  x = _l2_normalize(_upcast(queries))
+  x = l2_normalize(_upcast(queries))
   cos = x @ x.T
   pairs = _same_video_pairs(query_video, query_valid)
   # Rounding can push cos below -1; clamp so a fractional gamma stays real.
@@ -251,8 +246,8 @@ def optimal_matching_loss(queries: Array, clips: Array, query_video: Array,
   Returns:
     Scalar loss.
   """
-  q = _l2_normalize(_upcast(queries))
-  c = _l2_normalize(_upcast(clips))
+  q = l2_normalize(_upcast(queries))
+  c = l2_normalize(_upcast(clips))
   cos = jnp.einsum('qd,qcd->qc', q, c[query_video])  # [Q, Lc]
   valid = query_valid & video_valid[query_video]
   assignment = matching.hungarian_assignment(-cos, query_video, valid)

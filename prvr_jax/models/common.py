@@ -9,10 +9,7 @@ import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionPooling, GMMBlock, InputProjection, PositionalEncoding
 from prvr_jax.layers.attention import BLOCKS
-
-# F.normalize's eps in the official scoring code.
-NORMALIZE_EPS = 1e-12
-
+from prvr_jax.ops import l2_normalize
 
 def module_kwargs(module_cls: type[nn.Module], config_model: Any) -> dict[str, Any]:
   """The fields of `module_cls` taken from `config.model` (missing ones keep their defaults)."""
@@ -21,12 +18,6 @@ def module_kwargs(module_cls: type[nn.Module], config_model: Any) -> dict[str, A
   if 'widths' in values:
     values['widths'] = tuple(values['widths'])
   return values
-
-
-def l2_normalize(x: jax.Array) -> jax.Array:
-  """`F.normalize(x, dim=-1)`: x / max(||x||, 1e-12)."""
-  norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-  return x / jnp.maximum(norm, NORMALIZE_EPS)
 
 
 def max_similarity(queries: jax.Array, items: jax.Array, cosine: bool) -> jax.Array:

@@ -1,0 +1,153 @@
+"""Shape and property tests of the constraint windows, attention blocks and GMMBlock."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prvr_jax.layers import (AGGREGATIONS, AttentionBlockV1, AttentionBlockV2, GMMBlock,
+                             MultiHeadAttention, constraint_window, stacked_windows)
+
+
+def _official_gaussian(length, width):
+  """The coded formula, written out in numpy."""
+  centre = np.arange(length)[:, None] / length
+  position = np.linspace(0, 1, length)[None, :]
+  sigma = max(width, 0.01) / 9
+  w = np.exp(-(position - centre) ** 2 / (2 * sigma**2))
+  return w / w.max(-1, keepdims=True)
+
+
+@pytest.mark.parametrize('length,width', [(32, 0.5), (128, 1.0), (128, 0.1), (7, 5.0), (32, 0.1)])
+def test_gaussian_matches_coded_formula(length, width):
+  np.testing.assert_allclose(constraint_window('gaussian', width, length),
+                             _official_gaussian(length, width), rtol=1e-5, atol=5e-6)
+
+
+@pytest.mark.parametrize('kind', ['gaussian', 'bartlett', 'boxcar'])
+def test_row_maxima_are_one(kind):
+  window = np.asarray(constraint_window(kind, 0.5, 64))
+  np.testing.assert_allclose(window.max(-1), 1.0, atol=1e-6)
+  assert window.min() >= 0.0
+
+
+def test_boxcar_and_bartlett_values():
+  size, width = 10, 0.93  # half width 0.31 on the [0, 1] grid (no grid distance ties it)
+  positions = np.arange(size) / (size - 1)
+  centres = np.arange(size) / size
+  distance = np.abs(positions[None, :] - centres[:, None])
+  boxcar = np.asarray(constraint_window('boxcar', width, size))
+  assert set(np.unique(boxcar)) <= {0.0, 1.0}
+  np.testing.assert_array_equal(boxcar, (distance <= 0.31).astype(np.float32))
+  bartlett = np.asarray(constraint_window('bartlett', width, size))
+  triangle = np.maximum(1 - distance / 0.31, 0)
+  np.testing.assert_allclose(bartlett, triangle / triangle.max(-1, keepdims=True), atol=1e-6)
+  assert np.all((bartlett > 0) <= (boxcar > 0))  # the triangle lives inside the box
+
+
+def test_paper_gaussian_is_index_unit_formula():
+  window = np.asarray(constraint_window('gaussian_paper', 5.0, 16))
+  i, j = 3, 7
+  assert window[i, j] == pytest.approx(math.exp(-(j - i) ** 2 / 5.0) / (2 * math.pi), rel=1e-6)
+  np.testing.assert_allclose(window, window.T)
+
+
+def test_no_width_is_plain_attention_and_unknown_kind_errors():
+  np.testing.assert_array_equal(constraint_window('gaussian', None, 5), np.ones((5, 5)))
+  with pytest.raises(ValueError, match='config.model.window'):
+    constraint_window('hann', 1.0, 5)
+
+
+def test_dynamic_length_equals_window_of_that_length():
+  lengths = jnp.array([128, 70, 5])
+  windows = np.asarray(constraint_window('gaussian', 0.5, 128, lengths))
+  assert windows.shape == (3, 128, 128)
+  for b, length in enumerate([128, 70, 5]):
+    np.testing.assert_allclose(windows[b, :length, :length], _official_gaussian(length, 0.5),
+                               atol=1e-6)
+    assert np.all(windows[b, :, length:] == 0)
+  assert stacked_windows('gaussian', (None, 1.0), 128, lengths).shape == (2, 3, 128, 128)
+
+
+def test_masked_keys_get_zero_attention():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 6, 8)), jnp.float32)
+  mask = jnp.asarray([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], jnp.float32)
+  attention = MultiHeadAttention(num_heads=2)
+  params = attention.init(jax.random.key(0), x, x, mask)
+  changed = x.at[0, 3:].set(100.0)  # only masked keys of video 0 change
+  out = attention.apply(params, x, x, mask)
+  out_changed = attention.apply(params, x[:, :], changed, mask)
+  np.testing.assert_allclose(out[0], out_changed[0], atol=1e-6)
+  ones = jnp.ones((6, 6))
+  np.testing.assert_allclose(attention.apply(params, x, x, mask, ones), out, atol=1e-6)
+
+
+@pytest.mark.parametrize('block_cls', [AttentionBlockV1, AttentionBlockV2])
+def test_blocks_keep_shape_and_dropout_is_random(block_cls):
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 8)), jnp.float32)
+  block = block_cls(num_heads=2, dropout_rate=0.5)
+  params = block.init(jax.random.key(0), x)
+  assert block.apply(params, x).shape == x.shape
+  a = block.apply(params, x, deterministic=False, rngs={'dropout': jax.random.key(1)})
+  b = block.apply(params, x, deterministic=False, rngs={'dropout': jax.random.key(2)})
+  assert not np.allclose(a, b)
+
+
+def test_v2_block_structure():
+  x = jnp.ones((1, 4, 8))
+  shapes = jax.tree_util.tree_map(jnp.shape, AttentionBlockV2(2).init(jax.random.key(0), x))
+  assert shapes['params']['ffn_in']['kernel'] == (8, 32)
+  assert 'output' not in shapes['params']  # no output projection in v2
+  cross = AttentionBlockV2(2, ffn_multiplier=1).init(jax.random.key(0), x[:, :1], x)
+  assert cross['params']['ffn_in']['kernel'].shape == (8, 8)
+
+
+@pytest.mark.parametrize('aggregation', AGGREGATIONS)
+def test_gmm_block_aggregations(aggregation):
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(3, 16, 8)), jnp.float32)
+  mask = jnp.ones((3, 16)).at[1, 10:].set(0)
+  block = GMMBlock(widths=(None, 0.5, 5.0), num_heads=2, block='v2', aggregation=aggregation,
+                   temperature=0.5)
+  token = jnp.ones(8)
+  params = block.init(jax.random.key(0), x, mask, None, token)
+  out = block.apply(params, x, mask, None, token)
+  assert out.shape == x.shape and np.all(np.isfinite(out))
+  assert params['params']['branches']['attention']['query']['kernel'].shape == (3, 8, 8)
+
+
+def test_gmm_branches_are_independent_blocks():
+  """The vmapped branches equal K separately applied blocks with the sliced weights."""
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 12, 8)), jnp.float32)
+  mask = jnp.ones((2, 12)).at[0, 7:].set(0)
+  widths = (None, 0.5, 1.0, 5.0)
+  block = GMMBlock(widths=widths, num_heads=2, block='v1', aggregation='average')
+  params = block.init(jax.random.key(0), x, mask)
+  stacked = params['params']['branches']
+  windows = stacked_windows('gaussian', widths, 12)
+  single = AttentionBlockV1(num_heads=2)
+  outputs = [single.apply({'params': jax.tree_util.tree_map(lambda p: p[k], stacked)}, x,
+                          key_mask=mask, window=windows[k]) for k in range(len(widths))]
+  np.testing.assert_allclose(block.apply(params, x, mask), np.mean(outputs, 0), atol=1e-5)
+  assert not np.allclose(outputs[0], outputs[1])
+
+
+def test_temporal_consolidation_weights_sum_to_one():
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 8, 8)), jnp.float32)
+  block = GMMBlock(widths=(None, 1.0), num_heads=2, block='v2',
+                   aggregation='temporal_consolidation', temperature=0.09)
+  token = jnp.ones(8)
+  params = block.init(jax.random.key(0), x, None, None, token)
+  # Identical branch weights give identical outputs; any convex combination returns them.
+  same = jax.tree_util.tree_map(lambda p: p, params)
+  same['params']['branches'] = jax.tree_util.tree_map(
+      lambda p: jnp.broadcast_to(p[:1], p.shape), params['params']['branches'])
+  same_windows = GMMBlock(widths=(None, None), num_heads=2, block='v2',
+                          aggregation='temporal_consolidation', temperature=0.09)
+  single = AttentionBlockV2(2).apply(
+      {'params': jax.tree_util.tree_map(lambda p: p[0], params['params']['branches'])}, x)
+  np.testing.assert_allclose(same_windows.apply(same, x, None, None, token), single, atol=1e-5)
+  with pytest.raises(ValueError, match='query token'):
+    block.apply(params, x)
