@@ -373,7 +373,7 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
     global_batch_size: videos per global batch (a multiple of `process_count`).
     seed: shuffling seed; epoch `e` is shuffled by `(seed, e, process_index)`.
     start_step: first global step to yield (resumes exactly).
-    num_epochs: stop after this many epochs (`None`: repeat forever).
+    num_epochs: stop at the end of this epoch (counted from step 0; `None`: repeat forever).
     max_queries_per_batch: query slots `Q` per host batch; 0 = enough for any batch.
     process_index, process_count: this host and the host count (default: from jax).
     shuffle_buffer: records in the shuffle buffer (after a per-epoch file shuffle).
@@ -414,7 +414,7 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
             .repeat(per_epoch - num_local).skip(tf.maximum(skip - num_local, 0)))
     return videos.concatenate(pads)
 
-  last = start_epoch + num_epochs if num_epochs is not None else np.iinfo(np.int64).max
+  last = num_epochs if num_epochs is not None else np.iinfo(np.int64).max
   if num_epochs is not None and start_step > spe * num_epochs:
     raise ValueError(f'start_step={start_step} is past the end ({num_epochs} epochs of {spe} steps)')
   lq, dq = shards.max_query_len, shards.query_dim

@@ -340,6 +340,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       raise ShardError(f'{manifest_path} was prepared with other settings '
                        f'({old.get("preprocessing")}); use another --out or delete it')
     manifest['splits'] = {k: v for k, v in old.get('splits', {}).items() if k in splits}
+    manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
 
   for name in splits:
     if _split_done(out_dir, manifest['splits'].get(name)):

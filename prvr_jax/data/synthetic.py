@@ -67,6 +67,19 @@ class Spec:
   word_noise: float = 0.45
   sentence_context: float = 0.3
 
+  def __post_init__(self):
+    if len(self.num_videos) != 3 or min(self.num_videos) < 1:
+      raise ValueError(f'num_videos needs (train, val, test) counts >= 1, got {self.num_videos}')
+    for name in ('frames', 'moments_per_video', 'distractors_per_video', 'queries_per_video',
+                 'moment_ratio', 'query_tokens'):
+      lo, hi = getattr(self, name)
+      if not 0 <= lo <= hi:
+        raise ValueError(f'{name}={(lo, hi)} must be an ordered non-negative range')
+    if self.frames[0] < 1 or self.moments_per_video[0] < 1 or self.queries_per_video[0] < 1:
+      raise ValueError('every video needs at least one frame, moment and query')
+    if not (0 < self.moment_ratio[0] and self.moment_ratio[1] <= 1):
+      raise ValueError(f'moment_ratio={self.moment_ratio} must lie in (0, 1]')
+
 
 SIZES = {
     'tiny': Spec(num_videos=(24, 8, 12), visual_dim=32, query_dim=24, latent_dim=16,

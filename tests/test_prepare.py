@@ -1,0 +1,187 @@
+"""Feature shards: bit-exact round trip, determinism, resumption, TFDS builder, bad input."""
+
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from prvr_jax.data import pipeline
+from prvr_jax.data import prepare
+from prvr_jax.data import release as release_lib
+from prvr_jax.data import synthetic
+
+DV, DQ = 12, 8
+
+
+def _toy_release(root, bad_video=False):
+  """Videos shorter than 32 and longer than 128 frames; captions longer than 30 tokens."""
+  rng = np.random.default_rng(0)
+  lengths = [5, 31, 32, 33, 127, 128, 129, 300, 64, 17, 90, 1]
+  videos = {f'v{i}': rng.normal(size=(n, DV)).astype(np.float32) for i, n in enumerate(lengths)}
+  train = [(f'v{i}#{j}', 'words here') for j in range(3) for i in range(8) if (i + j) % 3 or j == 0]
+  test = [(f'v{i}#{j}', 'more words') for i in (11, 9, 10, 8) for j in range(2)]
+  captions = {'train': train, 'test': test}
+  feats = {c: rng.normal(size=(rng.integers(1, 45), DQ)).astype(np.float32)
+           for items in captions.values() for c, _ in items}
+  path = release_lib.write_release(root, 'toy', videos, captions, feats, visual_feature='feat')
+  if bad_video:  # a test caption whose video has no frames
+    v2f = release_lib.read_video2frames(os.path.join(path, 'FeatureData/feat/video2frames.txt'))
+    del v2f['v9']
+    release_lib.write_video2frames(os.path.join(path, 'FeatureData/feat/video2frames.txt'), v2f)
+  with open(os.path.join(path, 'TextData', 'toytest.moments.txt'), 'w') as f:
+    for cap_id, _ in test:
+      duration = lengths[int(cap_id[1:].split('#')[0])] * 1.5
+      f.write(f'{cap_id} 0 {duration / 2} {duration}\n')
+  return path
+
+
+@pytest.fixture(scope='module')
+def toy(tmp_path_factory):
+  base = tmp_path_factory.mktemp('toy')
+  root = _toy_release(str(base / 'release'))
+  out = str(base / 'shards')
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', num_shards=3)
+  return root, out
+
+
+def test_round_trip_is_bit_exact(toy):
+  root, out = toy
+  shards = pipeline.open_shards(out)
+  rel = release_lib.Release(root, 'toy', 'feat')
+  for name in ('train', 'test'):
+    split = rel.split(name)
+    index = pipeline.eval_index(shards, name)
+    assert index.video_ids == split.video_ids
+    assert index.caption_ids == split.caption_ids
+    np.testing.assert_array_equal(index.caption_video_index, split.caption_video_index())
+    seen = 0
+    for b in pipeline.eval_videos(shards, name, global_batch_size=5, process_index=0,
+                                  process_count=1):
+      for row, col in enumerate(b['video_index']):
+        if col < 0:
+          continue
+        clips, frames = split.video_features(split.video_ids[col])
+        n = len(frames)
+        assert b['clip_feats'][row].tobytes() == clips.tobytes()
+        assert b['frame_feats'][row, :n].tobytes() == frames.tobytes()
+        assert not b['frame_feats'][row, n:].any()
+        np.testing.assert_array_equal(b['frame_mask'][row], np.arange(128) < n)
+        seen += 1
+    assert seen == len(split.video_ids)
+    rows = set()
+    for b in pipeline.eval_queries(shards, name, global_batch_size=7, process_index=0,
+                                   process_count=1):
+      for slot, row in enumerate(b['query_index']):
+        if row < 0:
+          continue
+        tokens = split.caption_features(split.caption_ids[row])
+        n = len(tokens)
+        assert b['query_feats'][slot, :n].tobytes() == tokens.tobytes()
+        assert not b['query_feats'][slot, n:].any()
+        np.testing.assert_array_equal(b['query_mask'][slot], np.arange(30) < n)
+        assert b['query_video_index'][slot] == index.caption_video_index[row]
+        rows.add(int(row))
+    assert rows == set(range(len(split.caption_ids)))
+
+
+def test_manifest_and_spans(toy):
+  _, out = toy
+  with open(os.path.join(out, prepare.MANIFEST)) as f:
+    manifest = json.load(f)
+  train, test = manifest['splits']['train'], manifest['splits']['test']
+  assert manifest['complete'] and manifest['visual_dim'] == DV and manifest['query_dim'] == DQ
+  assert train['num_videos'] == 8 and sum(s['num_videos'] for s in train['shards']) == 8
+  assert sum(s['num_captions'] for s in train['shards']) == train['num_captions']
+  assert train['max_captions_per_video'] == 3 and not train['has_spans']
+  for s in train['shards'] + test['shards']:
+    assert prepare.sha256_file(os.path.join(out, s['file'])) == s['sha256']
+  assert test['has_spans']
+  index = pipeline.eval_index(pipeline.open_shards(out), 'test')
+  assert index.has_spans
+  np.testing.assert_allclose(index.durations[:2], [1.5, 1.5])  # v11 has one frame
+  np.testing.assert_allclose(index.spans[:, 0], 0)
+  np.testing.assert_allclose(index.spans[:, 1], index.durations / 2)
+
+
+def test_records_are_canonical(toy):
+  """Feature maps are serialised in key order, so shards are byte-identical across processes."""
+  _, out = toy
+  shards = pipeline.open_shards(out)
+  for record in tf.data.TFRecordDataset([s.path for s in shards.split('train').shards]):
+    data = record.numpy()
+    assert tf.train.Example.FromString(data).SerializeToString(deterministic=True) == data
+
+
+def test_resume_rebuilds_only_the_unfinished_split(toy, tmp_path):
+  root, out = toy
+  out2 = str(tmp_path / 'shards')
+  shutil.copytree(out, out2)
+  manifest_path = os.path.join(out2, prepare.MANIFEST)
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  train_file = os.path.join(out2, manifest['splits']['train']['shards'][0]['file'])
+  train_mtime = os.stat(train_file).st_mtime_ns
+  # An interruption while writing the test split: no TFDS folder, no manifest entry.
+  shutil.rmtree(os.path.join(out2, 'prvr_features', 'toy-feat-test'))
+  del manifest['splits']['test']
+  manifest['complete'] = False
+  with open(manifest_path, 'w') as f:
+    json.dump(manifest, f)
+  with pytest.raises(prepare.ShardError, match='did not finish'):
+    pipeline.open_shards(out2)
+  prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', num_shards=3)
+  assert os.stat(train_file).st_mtime_ns == train_mtime
+  with open(manifest_path) as f, open(os.path.join(out, prepare.MANIFEST)) as g:
+    assert json.load(f) == json.load(g)  # the same bytes: identical sha256 everywhere
+  with pytest.raises(prepare.ShardError, match='other settings'):
+    prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', max_frames=64)
+
+
+def test_skip_bad_items_is_opt_in_and_reported(tmp_path, caplog):
+  root = _toy_release(str(tmp_path / 'release'), bad_video=True)
+  with pytest.raises(release_lib.DataError, match="'v9'"):
+    prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
+  out = str(tmp_path / 'b')
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', skip_bad_items=True)
+  shards = pipeline.open_shards(out)
+  test = shards.split('test')
+  assert test.num_videos == 3 and test.num_captions == 6
+  assert {item[0] for item in test.skipped} == {'v9', 'v9#0', 'v9#1'}
+  with caplog.at_level(logging.WARNING):
+    list(pipeline.eval_videos(shards, 'test', global_batch_size=4, process_index=0,
+                              process_count=1))
+  assert '3 bad item(s) were skipped' in caplog.text
+
+
+def test_bad_moments_file_names_the_line(tmp_path):
+  path = tmp_path / 'x.moments.txt'
+  path.write_text('a#0 0 1 5\na#1 3 2 5\n')
+  with pytest.raises(release_lib.DataError, match=r'x\.moments\.txt:2'):
+    prepare.read_moments(str(path))
+
+
+def test_tfds_builder_with_manual_dir(tmp_path):
+  spec = synthetic.SIZES['tiny']
+  data = synthetic.generate(spec, seed=3)
+  root = str(tmp_path / 'release')
+  synthetic.write_mssl(data, root)
+  builder = tfds.builder('prvr_features/synthetic', data_dir=str(tmp_path / 'tfds'))
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=root))
+  assert set(builder.info.splits) == {'train', 'val', 'test'}
+  assert builder.info.splits['test'].num_examples == spec.num_videos[2]
+  rel = release_lib.Release(root, synthetic.COLLECTION, synthetic.VISUAL_FEATURE)
+  split = rel.split('test')
+  examples = list(tfds.as_numpy(builder.as_dataset(split='test')))
+  assert [e['video_id'].decode() for e in examples] == split.video_ids
+  first = examples[0]
+  clips, frames = split.video_features(split.video_ids[0])
+  np.testing.assert_array_equal(first['clip_feats'], clips)
+  np.testing.assert_array_equal(first['frame_feats'], frames)
+  caps = [split.caption_features(c) for c in split.captions_of(split.video_ids[0])]
+  np.testing.assert_array_equal(first['caption_feats'], np.concatenate(caps))
+  assert (first['spans'] >= 0).all() and first['duration'] > 0
