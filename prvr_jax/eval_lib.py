@@ -18,7 +18,7 @@ host, so training decisions agree). Every host iterates the same batches and
 feeds its own block of rows.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 import functools
 from typing import Any
@@ -31,6 +31,7 @@ import numpy as np
 
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
+from prvr_jax.data import pipeline
 
 VIDEO_KEYS = ('clip_feats', 'frame_feats', 'frame_mask')
 QUERY_KEYS = ('query_feats', 'query_mask')
@@ -43,32 +44,42 @@ class EvalResult:
   scores: np.ndarray
 
 
+@dataclasses.dataclass
+class EvalSplit:
+  """One evaluation split.
+
+  Attributes:
+    video_batches: returns a fresh iterator of global-view video batches, each an
+      official chunk (consecutive columns in first-appearance order).
+    query_batches: returns a fresh iterator of global-view query batches.
+    query_video: [Nq] ground-truth column of each query (caption-file order).
+    num_videos: Nv.
+    moment_ratio: [Nq] moment length / video length, or None when spans are unknown.
+    video_ids, caption_ids: the column and row ids (for the outputs).
+  """
+  video_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
+  query_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
+  query_video: np.ndarray
+  num_videos: int
+  moment_ratio: np.ndarray | None = None
+  video_ids: Sequence[str] = ()
+  caption_ids: Sequence[str] = ()
+
+
 def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def _pad_batch(batch: Mapping[str, np.ndarray], size: int, feature_keys: Iterable[str]
-               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-  """Pads a global-view batch to `size` rows; splits off this process's block.
-
-  Returns (this process's rows of `feature_keys`, every other key padded to `size`
-  rows on the host, index keys with -1 and other keys with 0 / NaN).
-  """
-  batch = {k: np.asarray(v) for k, v in batch.items()}
-  rows = len(next(iter(batch.values())))
-  if rows > size:
-    raise ValueError(f'An evaluation batch holds {rows} rows, more than the configured '
-                     f'batch size {size}.')
-  per_process = size // jax.process_count()
-  start = jax.process_index() * per_process
-  features, host = {}, {}
-  for key, value in batch.items():
-    if key in feature_keys:
-      features[key] = parallel.pad_rows(value, size)[start:start + per_process]
-    else:
-      fill = -1 if key.endswith('index') else (np.nan if value.dtype.kind == 'f' else 0)
-      host[key] = parallel.pad_rows(value, size, fill)
-  return features, host
+def _split_batch(batch: Mapping[str, np.ndarray], rows: int, feature_keys: Iterable[str],
+                 index_key: str, mesh: Mesh) -> tuple[dict[str, jax.Array], np.ndarray]:
+  """A global-view evaluation batch -> (device inputs padded to `rows`, the index column
+  padded with -1)."""
+  index = np.asarray(batch[index_key], np.int64)
+  if index.shape[0] > rows:
+    raise ValueError(f'An evaluation batch holds {index.shape[0]} items, more than the '
+                     f'configured batch size ({rows} rows).')
+  inputs = parallel.shard_global_view({k: batch[k] for k in feature_keys}, mesh, rows)
+  return inputs, parallel.pad_rows(index, rows, value=-1)
 
 
 class Evaluator:
@@ -82,6 +93,7 @@ class Evaluator:
                query_batch_size: int):
     self.model = model
     self.mesh = mesh
+    self.video_batch_size = video_batch_size
     multiple = jax.device_count()
     self.video_rows = _round_up(video_batch_size, multiple)
     self.query_rows = _round_up(query_batch_size, multiple)
@@ -114,67 +126,81 @@ class Evaluator:
        columns: [rows] int64 video column of each row, -1 for padding).
     """
     chunks, columns = [], []
-    for batch in video_batches:
-      rows, host = _pad_batch(batch, self.video_rows, VIDEO_KEYS)
-      inputs = parallel.shard_local(rows, self.mesh)
+    for i, batch in enumerate(video_batches):
+      inputs, column = _split_batch(batch, self.video_rows, VIDEO_KEYS, 'video_index',
+                                    self.mesh)
+      index = column[column >= 0]
+      start = i * self.video_batch_size
+      if not np.array_equal(index, np.arange(start, start + index.size)):
+        raise ValueError(
+            f'Evaluation video batch {i} holds columns {index[:5].tolist()}..; the protocol '
+            f'encodes consecutive chunks of {self.video_batch_size} videos in first-appearance '
+            'order (GMMFormer\'s frame windows depend on the chunk).')
       chunks.append(self._encode_videos(params, inputs['clip_feats'], inputs['frame_feats'],
                                         inputs['frame_mask']))
-      columns.append(host['video_index'])
+      columns.append(column)
     if not chunks:
       raise ValueError('The evaluation split has no videos.')
     return self._gather_videos(chunks), np.concatenate(columns)
 
-  def score_matrix(self, params: Any, videos: Any, columns: np.ndarray,
-                   query_batches: Iterable[Mapping[str, np.ndarray]], num_queries: int,
-                   num_videos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Scores all queries against the encoded videos.
+  def score_matrix(self, params: Any, videos: Any, columns: np.ndarray, data: EvalSplit
+                   ) -> np.ndarray:
+    """Scores all queries of `data` against the encoded videos.
 
     Returns:
-      scores: [num_queries, num_videos] float32 (rows caption-file order, columns
-        first-appearance order);
-      query_video: [num_queries] ground-truth column of each query;
-      moment_ratio: [num_queries] moment length / video length (NaN where unknown), or
-        None when the batches carry no `query_moment_ratio`.
+      [Nq, Nv] float32 scores, rows in caption-file order, columns in first-appearance order.
     """
+    num_queries, num_videos = len(data.query_video), data.num_videos
     valid_cols = columns >= 0
     col_of_row = columns[valid_cols]
-    if np.unique(col_of_row).size != col_of_row.size or col_of_row.size != num_videos:
-      raise ValueError(f'Evaluation video batches cover {np.unique(col_of_row).size} distinct '
-                       f'columns for {num_videos} videos.')
+    if not np.array_equal(np.sort(col_of_row), np.arange(num_videos)):
+      raise ValueError(f'The evaluation video batches cover columns {np.unique(col_of_row)[:5]}.. '
+                       f'({col_of_row.size} rows), not each of the {num_videos} videos once.')
     scores = np.full((num_queries, num_videos), np.nan, np.float32)
-    query_video = np.full((num_queries,), -1, np.int64)
-    moment_ratio = None
     seen = np.zeros((num_queries,), bool)
-    for batch in query_batches:
-      rows, host = _pad_batch(batch, self.query_rows, QUERY_KEYS)
-      inputs = parallel.shard_local(rows, self.mesh)
+    for batch in data.query_batches():
+      inputs, row = _split_batch(batch, self.query_rows, QUERY_KEYS, 'query_index', self.mesh)
       block = parallel.to_host(self._score_queries(params, inputs['query_feats'],
                                                    inputs['query_mask'], videos))
-      valid = host['query_index'] >= 0
-      targets = host['query_index'][valid]
-      if seen[targets].any():
-        raise ValueError(f'Query rows {targets[seen[targets]][:5].tolist()} appear twice in '
-                         'the evaluation batches.')
+      valid = row >= 0
+      targets = row[valid]
+      if targets.size and (targets.max() >= num_queries or seen[targets].any()):
+        raise ValueError(f'Evaluation query rows {targets[:5].tolist()}.. are out of range '
+                         f'[0, {num_queries}) or appear twice.')
       seen[targets] = True
-      block = np.asarray(block)[valid][:, valid_cols]
-      scores[targets[:, None], col_of_row[None, :]] = block
-      query_video[targets] = host['query_video_index'][valid]
-      if 'query_moment_ratio' in host:
-        if moment_ratio is None:
-          moment_ratio = np.full((num_queries,), np.nan)
-        moment_ratio[targets] = host['query_moment_ratio'][valid]
+      scores[targets[:, None], col_of_row[None, :]] = np.asarray(block)[valid][:, valid_cols]
     if not seen.all():
       raise ValueError(f'{int((~seen).sum())} of {num_queries} queries were never scored '
                        f'(first missing rows {np.flatnonzero(~seen)[:5].tolist()}).')
-    return scores, query_video, moment_ratio
+    return scores
 
-  def evaluate(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]],
-               query_batches: Iterable[Mapping[str, np.ndarray]], num_queries: int,
-               num_videos: int, mv_groups=metrics_lib.DEFAULT_MV_GROUPS) -> EvalResult:
+  def evaluate(self, params: Any, data: EvalSplit,
+               mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS
+               ) -> EvalResult:
     """Encodes, scores and computes the retrieval metrics of one split."""
-    videos, columns = self.encode_videos(params, video_batches)
-    scores, query_video, moment_ratio = self.score_matrix(
-        params, videos, columns, query_batches, num_queries, num_videos)
-    del videos
-    return EvalResult(metrics_lib.retrieval_metrics(scores, query_video, moment_ratio,
-                                                    mv_groups), scores)
+    videos, columns = self.encode_videos(params, data.video_batches())
+    scores = self.score_matrix(params, videos, columns, data)
+    return EvalResult(metrics_lib.retrieval_metrics(scores, data.query_video,
+                                                    data.moment_ratio, mv_groups), scores)
+
+
+def eval_split(config: Any, shards: pipeline.ShardDataset, split: str) -> EvalSplit:
+  """`split` of the shard folder in the official evaluation order.
+
+  `split` is 'val' / 'test' (mapped through `config.data.{val,test}_split`) or a split
+  name of the shards. Every host reads every batch (global view) and feeds its block.
+  """
+  name = config.data.get(f'{split}_split', split)
+  index = pipeline.eval_index(shards, name)
+  common = dict(process_index=0, process_count=1)
+  moment_ratio = None
+  if index.has_spans:
+    length = np.clip(index.spans[:, 1] - index.spans[:, 0], 0, None)
+    moment_ratio = np.minimum(length / index.durations, 1.0)
+  return EvalSplit(
+      video_batches=lambda: pipeline.eval_videos(
+          shards, name, global_batch_size=config.eval.video_batch_size, **common),
+      query_batches=lambda: pipeline.eval_queries(
+          shards, name, global_batch_size=config.eval.query_batch_size, **common),
+      query_video=index.caption_video_index, num_videos=len(index.video_ids),
+      moment_ratio=moment_ratio, video_ids=index.video_ids, caption_ids=index.caption_ids)

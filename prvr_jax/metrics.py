@@ -117,6 +117,7 @@ def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
     for lo, hi in mv_groups:
       in_group = (moment_ratio > lo) & (moment_ratio <= hi)
       name = f'mv_{lo:g}_{hi:g}'
-      out[f'{name}_sumr'] = recalls(t2v[in_group])['sumr']
       out[f'{name}_count'] = int(in_group.sum())
+      if in_group.any():
+        out[f'{name}_sumr'] = recalls(t2v[in_group])['sumr']
   return out

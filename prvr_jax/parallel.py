@@ -125,11 +125,34 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
 
 
 def shard_local(tree: Any, mesh: Mesh) -> Any:
-  """Each leaf: per-process rows -> a global array sharded on `data` (rows concatenated
-  in process order). Leading dims must be multiples of the local device count."""
+  """Each leaf: this process's rows -> a global array sharded on `data` (rows of all
+  processes concatenated in process order). Leading dims must be multiples of the local
+  device count."""
   sharding = sharded(mesh)
   return jax.tree.map(
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
+def shard_global_view(tree: Any, mesh: Mesh, rows: int | None = None) -> Any:
+  """A batch every process holds in full -> global arrays sharded on `data`.
+
+  Each leaf is zero-padded along its leading axis to `rows` (default: the next multiple
+  of the global device count) and each process contributes its contiguous block, so the
+  global array is the same for any number of processes. Zero padding marks padded
+  items invalid (`*_valid=False`, masks 0).
+  """
+  count = jax.process_count()
+
+  def block(x):
+    x = np.asarray(x)
+    size = rows if rows is not None else _round_up(x.shape[0], jax.device_count())
+    if size % jax.device_count():
+      raise ValueError(f'{size} rows do not split over {jax.device_count()} devices.')
+    per_process = size // count
+    start = jax.process_index() * per_process
+    return pad_rows(x, size)[start:start + per_process]
+
+  return shard_local(jax.tree.map(block, tree), mesh)
 
 
 def to_host(tree: Any) -> Any:

@@ -88,6 +88,8 @@ def test_retrieval_metrics_t2v_v2t_and_groups():
   assert out['mv_0_0.25_count'] == 1 and out['mv_0_0.25_sumr'] == 400.0
   assert out['mv_0.25_0.5_count'] == 1 and out['mv_0.25_0.5_sumr'] == 300.0
   assert out['mv_0.5_1_count'] == 1 and out['mv_0.5_1_sumr'] == 400.0
+  empty = metrics.retrieval_metrics(scores, query_video, np.full(4, 0.1))
+  assert empty['mv_0.5_1_count'] == 0 and 'mv_0.5_1_sumr' not in empty
 
 
 def test_bad_inputs_raise():

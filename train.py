@@ -1,0 +1,50 @@
+r"""Trains a PRVR model; resumes from --workdir; tests the best checkpoint at the end.
+
+  python train.py --config=configs/gmmformer_v2.py:tvr --config.data.dir=/data/tvr \
+      --workdir=/tmp/gmmformer_v2_tvr
+
+Multi-host: pass --coordinator_address/--num_processes/--process_id on every
+process, or --multihost where JAX detects the cluster (TPU pods, SLURM, ...).
+See docs/training.md.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from prvr_jax import parallel
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, logs and metrics go here; '
+                               'an existing workdir is resumed.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'host:port of process 0 (multi-process runs).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
+_MULTIHOST = flags.DEFINE_bool('multihost', False,
+                               'Initialise jax.distributed from the detected cluster.')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  parallel.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                        _PROCESS_ID.value, _MULTIHOST.value)
+  # Imported after jax.distributed is up (importing the library touches no backend, but
+  # keep the order obvious).
+  from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top
+  train_lib.quiet_library_logs()
+  try:
+    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except train_lib.NonFiniteLossError as e:
+    logging.error('%s', e)
+    sys.exit(f'train.py: {e}')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
