@@ -21,8 +21,11 @@ feeds its own block of rows.
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 import functools
+import json
+import os
 from typing import Any
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,6 +33,7 @@ from jax.sharding import Mesh
 import numpy as np
 
 from prvr_jax import metrics as metrics_lib
+from prvr_jax import models
 from prvr_jax import parallel
 from prvr_jax.data import pipeline
 
@@ -204,3 +208,48 @@ def eval_split(config: Any, shards: pipeline.ShardDataset, split: str) -> EvalSp
           shards, name, global_batch_size=config.eval.query_batch_size, **common),
       query_video=index.caption_video_index, num_videos=len(index.video_ids),
       moment_ratio=moment_ratio, video_ids=index.video_ids, caption_ids=index.caption_ids)
+
+
+def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) -> None:
+  """`<output_dir>/metrics.json` (metrics + `info`) and `<output_dir>/scores.npy`."""
+  os.makedirs(output_dir, exist_ok=True)
+  np.save(os.path.join(output_dir, 'scores.npy'), result.scores)
+  tmp = os.path.join(output_dir, 'metrics.json.tmp')
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump({**result.metrics, **info}, f, indent=2, sort_keys=True)
+  os.replace(tmp, os.path.join(output_dir, 'metrics.json'))
+
+
+def evaluate_checkpoint(config: Any, checkpoint: str, split: str = 'test',
+                        output_dir: str | None = None) -> EvalResult:
+  """What evaluate.py runs: load, encode, score, write (process 0 writes).
+
+  Args:
+    config: the model and data config.
+    checkpoint: a train.py workdir / checkpoint folder, or an official PyTorch file.
+    split: 'test' or 'val'.
+    output_dir: default `<workdir>/eval_<split>` for our checkpoints,
+      `<file without suffix>_eval_<split>` for official files.
+  """
+  from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top  (train_lib imports us)
+  mesh = parallel.make_mesh()
+  params, info = train_lib.load_params(checkpoint, config, mesh)
+  if output_dir is None:
+    if info['workdir'] is not None:
+      output_dir = os.path.join(info['workdir'], f'eval_{split}')
+    else:
+      output_dir = f'{os.path.splitext(checkpoint)[0]}_eval_{split}'
+  # Synthetic data / prepared shards are found again in the training workdir.
+  shards = train_lib.open_data(config, info['workdir'] or output_dir)
+  evaluator = Evaluator(models.get_model(config.model), mesh, config.eval.video_batch_size,
+                        config.eval.query_batch_size)
+  mv_groups = tuple(tuple(g) for g in config.eval.get('mv_groups', metrics_lib.DEFAULT_MV_GROUPS))
+  result = evaluator.evaluate(params, eval_split(config, shards, split), mv_groups)
+  if jax.process_index() == 0:
+    write_outputs(output_dir, result, {'split': split, 'checkpoint': info['path'],
+                                       'checkpoint_source': info['source'],
+                                       'model': config.model.name})
+  logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s', checkpoint,
+               split, *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')),
+               output_dir)
+  return result

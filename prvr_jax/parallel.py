@@ -155,6 +155,14 @@ def shard_global_view(tree: Any, mesh: Mesh, rows: int | None = None) -> Any:
   return shard_local(jax.tree.map(block, tree), mesh)
 
 
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Host arrays (the same on every process) -> global arrays replicated on `mesh`."""
+  sharding = replicated(mesh)
+  return jax.tree.map(
+      lambda x: jax.make_array_from_callback(np.shape(x), sharding,
+                                             lambda index: np.asarray(x)[index]), tree)
+
+
 def to_host(tree: Any) -> Any:
   """Global arrays -> full numpy arrays on every process (an all-gather across hosts)."""
   if jax.process_count() == 1:

@@ -276,6 +276,78 @@ class Checkpoints:
     self.latest.close()
 
 
+TORCH_SUFFIXES = ('.ckpt', '.pth', '.pt', '.bin')
+
+
+def _checkpoint_location(path: str) -> tuple[str, str, int | None]:
+  """(workdir, manager dir, step or None = latest) of one of our checkpoint paths.
+
+  Accepts a workdir (its best checkpoint, else its latest), `<workdir>/best` or
+  `<workdir>/checkpoints`, or one step folder inside them.
+  """
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, BEST_DIR)) or os.path.isdir(os.path.join(path, LATEST_DIR)):
+    best = os.path.join(path, BEST_DIR)
+    if os.path.isdir(best) and any(d.isdigit() for d in os.listdir(best)):
+      return path, best, None
+    return path, os.path.join(path, LATEST_DIR), None
+  name = os.path.basename(path)
+  if name in (BEST_DIR, LATEST_DIR):
+    return os.path.dirname(path), path, None
+  parent = os.path.dirname(path)
+  if name.isdigit() and os.path.basename(parent) in (BEST_DIR, LATEST_DIR):
+    return os.path.dirname(parent), parent, int(name)
+  raise ValueError(f'{path} is not a checkpoint: expected a train.py workdir, its {BEST_DIR}/ or '
+                   f'{LATEST_DIR}/ folder, a step folder inside them, or an official PyTorch '
+                   f'checkpoint file ({", ".join(TORCH_SUFFIXES)}).')
+
+
+def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
+                ) -> tuple[Any, dict[str, Any]]:
+  """Parameters (replicated on `mesh`) from one of our checkpoints or an official one.
+
+  Args:
+    path: a train.py workdir / checkpoint folder (see `_checkpoint_location`), or an
+      official PyTorch `best.ckpt` / state_dict file (converted by `prvr_jax.convert`).
+    config: the config; its model must be the checkpoint's model.
+    mesh: from `parallel.make_mesh()`.
+
+  Returns:
+    (params, info) with info `{'source': 'official' | 'prvr_jax', 'path', 'workdir', 'step'}`
+    (`workdir` is None for official files).
+  """
+  model = models.get_model(config.model)
+  if os.path.isfile(path):
+    if not path.endswith(TORCH_SUFFIXES):
+      raise ValueError(f'{path} is a file but not a PyTorch checkpoint ({", ".join(TORCH_SUFFIXES)}).')
+    state_dict = convert.load_torch_checkpoint(path)
+    params = convert.torch_to_params(state_dict, config.model.name, config.model)
+    return (parallel.replicate(params, mesh),
+            {'source': 'official', 'path': path, 'workdir': None, 'step': None})
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'--checkpoint={path} does not exist.')
+  workdir, directory, step = _checkpoint_location(path)
+  manager = ocp.CheckpointManager(directory)
+  step = manager.latest_step() if step is None else step
+  if step is None or step not in manager.all_steps():
+    raise ValueError(f'{directory} holds no complete checkpoint'
+                     + (f' at step {step}.' if step is not None else '.'))
+  meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  check_fingerprint(meta, config, directory)
+  if os.path.basename(directory) == BEST_DIR:
+    abstract = abstract_train_state(config, model, optax.identity(), mesh).params
+    params = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract))).params
+  else:
+    tx, _ = make_optimizer(config, total_steps=1)  # the state layout; the schedule is unused
+    abstract = abstract_train_state(config, model, tx, mesh)
+    params = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract))).state.params
+  manager.close()
+  return params, {'source': 'prvr_jax', 'path': os.path.join(directory, str(step)),
+                  'workdir': workdir, 'step': step}
+
+
 # ----------------------------------------------------------------------------- logging
 
 

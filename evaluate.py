@@ -1,0 +1,49 @@
+r"""Evaluates a checkpoint (ours or an official PyTorch one) on the val or test split.
+
+  python evaluate.py --config=configs/gmmformer_v2.py:tvr --config.data.dir=/data/tvr \
+      --checkpoint=/tmp/gmmformer_v2_tvr --split=test --output_dir=/tmp/eval
+  python evaluate.py --config=configs/gmmformer_v2.py:tvr --config.data.dir=/data/tvr \
+      --checkpoint=/path/to/official/best.ckpt
+
+Writes `<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V
+groups when spans are known) and `<output_dir>/scores.npy` ([queries in caption-file
+order, videos in first-appearance order], float32). Multi-host flags as train.py.
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from prvr_jax import parallel
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file[:variant] describing the model and the data.', lock_config=True)
+_CHECKPOINT = flags.DEFINE_string(
+    'checkpoint', None, 'A train.py workdir (its best checkpoint), a checkpoint folder in it, '
+    'or an official PyTorch .ckpt/.pth file.')
+_SPLIT = flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.')
+_OUTPUT_DIR = flags.DEFINE_string(
+    'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
+    'for our checkpoints, <file>_eval_<split> beside an official file).')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'host:port of process 0 (multi-process runs).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
+_MULTIHOST = flags.DEFINE_bool('multihost', False,
+                               'Initialise jax.distributed from the detected cluster.')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  parallel.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                        _PROCESS_ID.value, _MULTIHOST.value)
+  from prvr_jax import eval_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top
+  train_lib.quiet_library_logs()
+  eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'checkpoint'])
+  app.run(main)
