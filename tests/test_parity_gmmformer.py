@@ -1,0 +1,224 @@
+"""Parity with the official PyTorch GMMFormer v1 / v2 (golden fixtures, see tests/fixtures/README.md).
+
+Each fixture checkpoint is imported through `prvr_jax.convert`; our forward outputs, eval scores,
+loss terms, gradients and BertAdam updates must match what the official code computed.
+"""
+
+import functools
+import json
+import pathlib
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from configs import gmmformer as gmmformer_config
+from configs import gmmformer_v2 as gmmformer_v2_config
+from prvr_jax import convert, metrics, models, optim
+from prvr_jax.data import preprocess, release
+
+FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'official'
+CONFIGS = {'gmmformer': gmmformer_config, 'gmmformer_v2': gmmformer_v2_config}
+# Fixture loss names -> `compute_loss` term names.
+TERMS = {'clip_nce': 'clip_nce', 'clip_trip': 'clip_triplet', 'frame_nce': 'frame_nce',
+         'frame_trip': 'frame_triplet', 'qdl': 'qdl', 'om': 'om'}
+# Both batches are padded to these static shapes (5 videos, 11 queries).
+NUM_VIDEOS, NUM_QUERIES = 5, 11
+
+
+@functools.cache
+def _setup(name):
+  """(config, model, params, fixture) for one model; params come from the official checkpoint."""
+  fixture = dict(np.load(FIXTURES / f'{name}.npz'))
+  meta = json.loads(str(fixture['meta']))
+  dims = meta['dims']
+  config = CONFIGS[name].get_config('tvr')
+  config.model.update(visual_dim=dims['visual_feat_dim'], query_dim=dims['q_feat_size'],
+                      hidden_dim=dims['hidden_size'], num_heads=dims['n_heads'],
+                      max_query_len=dims['max_desc_l'], max_frames=dims['max_ctx_l'],
+                      num_clips=dims['map_size'], dropout=0.0, input_dropout=0.0)
+  config.loss.hard_pool_size = meta['hard_pool_size']
+  state_dict = convert.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
+  params = convert.torch_to_params(state_dict, name, config.model)
+  return config, models.get_model(config.model), params, fixture
+
+
+def _batch(fixture, prefix, config):
+  """The fixture batch in our contract: frames padded to 128, words to 30, items to 5 / 11."""
+  x = {k[len(prefix) + 4:]: v for k, v in fixture.items() if k.startswith(prefix + '/in/')}
+  num_videos, num_queries = len(x['frame_mask']), len(x['query_mask'])
+  pad = lambda a, shape: np.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
+  lf, lq = config.model.max_frames, config.model.max_query_len
+  return {
+      'clip_feats': pad(x['clip_feats'], (NUM_VIDEOS,) + x['clip_feats'].shape[1:]),
+      'frame_feats': pad(x['frame_feats'], (NUM_VIDEOS, lf, x['frame_feats'].shape[2])),
+      'frame_mask': pad(x['frame_mask'], (NUM_VIDEOS, lf)),
+      'video_valid': np.arange(NUM_VIDEOS) < num_videos,
+      'query_feats': pad(x['query_feats'], (NUM_QUERIES, lq, x['query_feats'].shape[2])),
+      'query_mask': pad(x['query_mask'], (NUM_QUERIES, lq)),
+      'query_valid': np.arange(NUM_QUERIES) < num_queries,
+      'query_video': pad(x['query_labels'].astype(np.int32), (NUM_QUERIES,)),
+  }, num_videos, num_queries
+
+
+@functools.cache
+def _step_fn(name):
+  """Jitted: eval outputs, training outputs, loss terms and gradients (one compile per model:
+  both fixture batches are padded to the same shapes)."""
+  config, model, _, _ = _setup(name)
+
+  def loss_fn(params, batch):
+    outputs = model.apply({'params': params}, batch)
+    total, terms = models.compute_loss(config, outputs, batch, jax.random.key(0),
+                                       use_hard_negative=True)
+    return total, (terms, outputs)
+
+  @jax.jit
+  def step(params, batch):
+    videos = model.apply({'params': params}, batch['clip_feats'], batch['frame_feats'],
+                         batch['frame_mask'], method='encode_videos')
+    queries = model.apply({'params': params}, batch['query_feats'], batch['query_mask'],
+                          method='encode_queries')
+    (total, (terms, outputs)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    return dict(videos=videos, queries=queries, scores=model.score(queries, videos),
+                total=total, terms=terms, outputs=outputs, grads=grads)
+
+  return step
+
+
+@functools.cache
+def _run(name, prefix):
+  config, _, params, fixture = _setup(name)
+  batch, num_videos, num_queries = _batch(fixture, prefix, config)
+  return jax.device_get(_step_fn(name)(params, batch)), num_videos, num_queries
+
+
+def _close(actual, expected, atol, what):
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+  err = np.max(np.abs(actual - expected), initial=0.0)
+  assert err <= atol, f'{what}: max abs error {err:.3g} > {atol}'
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+@pytest.mark.parametrize('prefix', ['b1', 'b2'])
+def test_forward_scores_and_losses(name, prefix):
+  config, _, _, fixture = _setup(name)
+  ours, nv, nq = _run(name, prefix)
+  out = lambda key: fixture[f'{prefix}/out/{key}']
+
+  videos = ours['videos']
+  _close(videos['clips'][:nv], out('clips'), 1e-5, 'clips')
+  if name == 'gmmformer':
+    _close(videos['video'][:nv], out('video'), 1e-5, 'video vectors')
+  else:
+    _close(videos['frames'][:nv], out('frames'), 1e-5, 'frames')
+  _close(ours['queries'][:nq], out('queries'), 1e-5, 'queries')
+  _close(ours['scores'][:nq, :nv], out('scores'), 1e-5, 'eval scores')
+
+  outputs = ours['outputs']
+  _close(outputs['clip_scores'][:nq, :nv], out('clip_scores'), 1e-5, 'clip cosines')
+  _close(outputs['frame_scores'][:nq, :nv], out('frame_scores'), 1e-5, 'frame cosines')
+  _close(outputs['clip_logits'][:nq, :nv], out('clip_scores_raw'), 1e-4, 'clip logits')
+  _close(outputs['frame_logits'][:nq, :nv], out('frame_scores_raw'), 1e-4, 'frame logits')
+  expected_terms = {TERMS[k.split('/')[-1]]: v for k, v in fixture.items()
+                    if k.startswith(f'{prefix}/loss/') and not k.endswith('/total')}
+  assert set(ours['terms']) == set(expected_terms)
+  for term, value in expected_terms.items():
+    _close(ours['terms'][term], value, 1e-5, f'loss term {term}')
+  _close(ours['total'], fixture[f'{prefix}/loss/total'], 1e-5, 'total loss')
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_gradients(name):
+  _, _, _, fixture = _setup(name)
+  ours = convert.params_to_torch(_run(name, 'b1')[0]['grads'], name)
+  expected = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
+  assert set(ours) == set(expected)
+  # Some official gradients are analytically zero and hold only rounding noise (e.g. the key
+  # bias of unwindowed attention, v2's `layer2.bias`: softmax is shift invariant), so the
+  # relative norm error is taken against at least 1e-3 of the global gradient norm.
+  global_norm = np.sqrt(sum(np.sum(np.square(g)) for g in expected.values()))
+  global_max = max(np.abs(g).max() for g in expected.values())
+  for key, g in expected.items():
+    assert np.isfinite(ours[key]).all(), f'grad {key} is not finite'
+    diff = np.abs(ours[key] - g)
+    rel = np.linalg.norm(diff) / max(np.linalg.norm(g), 1e-3 * global_norm)
+    assert rel <= 1e-4, f'grad {key}: relative error {rel:.3g}'
+    bad = diff > 1e-6 * global_max + 1e-3 * np.abs(g)
+    assert not bad.any(), f'grad {key}: {bad.sum()} elements off, max abs error {diff.max():.3g}'
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_bert_adam_steps(name):
+  """Two official BertAdam updates from the official gradients (the first has lr 0)."""
+  config, _, params, fixture = _setup(name)
+  meta = json.loads(str(fixture['meta']))
+  grad_dict = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
+  grads = convert.torch_to_params(grad_dict, name, config.model)
+  mask = jax.tree.map(lambda n: not optim.official_no_decay(n), convert.torch_names(params, name))
+  schedule = optim.warmup_linear_schedule(meta['lr'], meta['warmup'], meta['t_total'])
+  np.testing.assert_allclose(schedule(1), fixture['step2/lr'], rtol=1e-6)
+  tx = optim.bert_adam(schedule, weight_decay=meta['weight_decay'], weight_decay_mask=mask)
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  p1, state = step(params, tx.init(params))
+  jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
+  p2 = convert.params_to_torch(jax.device_get(step(p1, state)[0]), name)
+  expected = {k[len('step2/'):]: v for k, v in fixture.items()
+              if k.startswith('step2/') and k != 'step2/lr'}
+  assert expected and set(expected) <= set(p2)
+  for key, value in expected.items():
+    _close(p2[key], value, 1e-6, f'step-2 {key}')
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_tiny_release_scores(name):
+  """Our release readers, preprocessing and model reproduce the official dataset + validation
+  code on the tiny release test split (rows: caption-file order, columns: first appearance)."""
+  config, model, params, _ = _setup(name)
+  official = np.load(FIXTURES / f'tiny_scores_{name}.npz')
+  root = FIXTURES / 'tiny_release' / 'tiny'
+  captions = release.read_captions(str(root / 'TextData' / 'tinytest.caption.txt'))
+  video_ids = release.video_ids_in_order(captions)
+  assert [c for c, _ in captions] == list(official['cap_ids'])
+  assert video_ids == list(official['video_ids'])
+
+  bigfile = release.BigFile(str(root / 'FeatureData' / 'i3d_tiny'))
+  video2frames = release.read_video2frames(str(root / 'FeatureData' / 'i3d_tiny' /
+                                               'video2frames.txt'))
+  lf, lq = config.model.max_frames, config.model.max_query_len
+  clips, frames, frame_mask = [], np.zeros((len(video_ids), lf, 48), np.float32), np.zeros(
+      (len(video_ids), lf), np.float32)
+  for i, vid in enumerate(video_ids):
+    raw = bigfile.read(video2frames[vid])
+    clips.append(preprocess.l2_normalize(preprocess.average_to_fixed_length(raw)))
+    sampled = preprocess.l2_normalize(preprocess.uniform_feature_sampling(raw))
+    frames[i, :len(sampled)], frame_mask[i, :len(sampled)] = sampled, 1
+  text = release.CaptionFeatures(str(root / 'TextData' / 'roberta_tiny_query_feat.hdf5'))
+  query_feats = np.zeros((len(captions), lq, 40), np.float32)
+  query_mask = np.zeros((len(captions), lq), np.float32)
+  for i, (cap_id, _) in enumerate(captions):
+    tokens = preprocess.truncate_tokens(preprocess.l2_normalize(text.read(cap_id)))
+    query_feats[i, :len(tokens)], query_mask[i, :len(tokens)] = tokens, 1
+
+  # All 13 test videos fit in one official evaluation batch (100 videos), so v1's frame
+  # windows use that batch's maximum length, which `encode_videos` derives from the mask.
+  @jax.jit
+  def scores_fn(params):
+    videos = model.apply({'params': params}, np.stack(clips), frames, frame_mask,
+                         method='encode_videos')
+    queries = model.apply({'params': params}, query_feats, query_mask, method='encode_queries')
+    return model.score(queries, videos)
+
+  scores = np.asarray(scores_fn(params))
+  _close(scores, official['scores'], 1e-5, 'tiny release scores')
+  query_video = np.array([video_ids.index(release.video_id_of(c)) for c, _ in captions])
+  ours = metrics.retrieval_metrics(scores, query_video)
+  np.testing.assert_allclose([ours[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')],
+                             official['metrics'], atol=1e-9)
