@@ -85,7 +85,8 @@ def test_malicious_pickle_is_refused(tmp_path):
   marker = tmp_path / 'pwned'
   payload = pickle.dumps({'state_dict': _Exploit(marker)}, protocol=2)
   _write_zip(tmp_path / 'evil.ckpt', payload)
-  with pytest.raises(pickle.UnpicklingError, match=r'refusing to load global (posix|os|nt)\.system'):
+  refused = r'refusing to load global (posix|os|nt)\.system'
+  with pytest.raises(pickle.UnpicklingError, match=refused):
     convert.load_torch_checkpoint(str(tmp_path / 'evil.ckpt'), use_torch=False)
   assert not marker.exists()
   # A bare pickle is not a torch zip checkpoint and is never unpickled.

@@ -1,4 +1,4 @@
-"""Parity with the official PyTorch GMMFormer v1 / v2 (golden fixtures, see tests/fixtures/README.md).
+"""Parity with the official PyTorch GMMFormer v1 / v2 (fixtures: tests/fixtures/README.md).
 
 Each fixture checkpoint is imported through `prvr_jax.convert`; our forward outputs, eval scores,
 loss terms, gradients and BertAdam updates must match what the official code computed.
@@ -15,7 +15,7 @@ import pytest
 
 from configs import gmmformer as gmmformer_config
 from configs import gmmformer_v2 as gmmformer_v2_config
-from prvr_jax import convert, metrics, models, optim
+from prvr_jax import convert, metrics, models, train_lib
 from prvr_jax.data import preprocess, release
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'official'
@@ -152,15 +152,17 @@ def test_gradients(name):
 
 @pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
 def test_bert_adam_steps(name):
-  """Two official BertAdam updates from the official gradients (the first has lr 0)."""
+  """Two updates of the training optimiser (`train_lib.make_optimizer`, config TVR values)
+  from the official gradients match two official BertAdam steps (the first has lr 0)."""
   config, _, params, fixture = _setup(name)
   meta = json.loads(str(fixture['meta']))
+  assert (config.optim.name, config.optim.lr, config.optim.warmup_proportion,
+          config.optim.weight_decay, config.optim.max_grad_norm) == (
+              'bert_adam', meta['lr'], meta['warmup'], meta['weight_decay'], 1.0)
   grad_dict = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
   grads = convert.torch_to_params(grad_dict, name, config.model)
-  mask = jax.tree.map(lambda n: not optim.official_no_decay(n), convert.torch_names(params, name))
-  schedule = optim.warmup_linear_schedule(meta['lr'], meta['warmup'], meta['t_total'])
+  tx, schedule = train_lib.make_optimizer(config, meta['t_total'])
   np.testing.assert_allclose(schedule(1), fixture['step2/lr'], rtol=1e-6)
-  tx = optim.bert_adam(schedule, weight_decay=meta['weight_decay'], weight_decay_mask=mask)
 
   @jax.jit
   def step(params, state):
