@@ -1,5 +1,6 @@
 """prvr_jax.convert: torch checkpoint readers, the official name mapping and the CLI."""
 
+import collections
 import os
 import pathlib
 import pickle
@@ -63,6 +64,23 @@ def test_torch_and_torch_free_readers_agree(name):
   for key, value in with_torch.items():
     assert value.dtype == without[key].dtype
     np.testing.assert_array_equal(value, without[key], err_msg=key)
+
+
+def test_bare_state_dict_files_with_both_readers(tmp_path):
+  torch = pytest.importorskip('torch')
+  base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+  state = collections.OrderedDict(
+      w=base.t(), shared=base[1:3, 2:], half=base.half(), bf16=base.bfloat16(),
+      steps=torch.arange(3), flags=base > 1, param=torch.nn.Parameter(base.double()))
+  torch.save(state, tmp_path / 'sd.pt')
+  with_torch = convert.load_torch_checkpoint(str(tmp_path / 'sd.pt'), use_torch=True)
+  without = convert.load_torch_checkpoint(str(tmp_path / 'sd.pt'), use_torch=False)
+  assert list(with_torch) == list(without) == list(state)
+  for key, value in with_torch.items():
+    assert value.dtype == without[key].dtype, key
+    np.testing.assert_array_equal(value, without[key], err_msg=key)
+  np.testing.assert_array_equal(without['w'], base.numpy().T)
+  assert without['bf16'].dtype == np.float32
 
 
 class _Exploit:
