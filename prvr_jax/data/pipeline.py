@@ -226,8 +226,9 @@ class _Parser:
       frames = tf.reshape(tf.io.decode_raw(ex['frame_feats/value'], tf.float32), [n, self.dv])
       out['clip_feats'] = tf.reshape(tf.io.decode_raw(ex['clip_feats/value'], tf.float32),
                                      [self.lc, self.dv])
-      out['frame_feats'] = tf.pad(frames, [[0, self.lf - n], [0, 0]])
-      out['frame_mask'] = tf.sequence_mask(n, self.lf, tf.float32)
+      # Unpadded: `padded_batch` pads frames to Lf in the same copy that batches them.
+      out['frame_feats'] = frames
+      out['frame_mask'] = tf.ones([n])
     if self.captions:
       lengths = tf.cast(tf.sparse.to_dense(ex['caption_lengths']), tf.int32)
       tokens = tf.reshape(tf.io.decode_raw(ex['caption_feats/value'], tf.float32), [-1, self.dq])
@@ -314,12 +315,18 @@ def steps_per_epoch(split: ShardSplit, global_batch_size: int, process_count: in
   return max(1, -(-most // local))
 
 
+def _video_shapes(shards: ShardDataset) -> dict[str, list[int]]:
+  """`padded_batch` shapes of the video fields: frames padded to Lf."""
+  return {'video_order': [], 'clip_feats': [shards.num_clips, shards.visual_dim],
+          'frame_feats': [shards.max_frames, shards.visual_dim], 'frame_mask': [shards.max_frames]}
+
+
 def _pad_video(shards: ShardDataset) -> dict[str, tf.Tensor]:
   lc, lf, lq, dv, dq = (shards.num_clips, shards.max_frames, shards.max_query_len,
                         shards.visual_dim, shards.query_dim)
   return {'video_order': tf.constant(-1, tf.int64),
-          'clip_feats': tf.zeros([lc, dv]), 'frame_feats': tf.zeros([lf, dv]),
-          'frame_mask': tf.zeros([lf]), 'query_feats': tf.zeros([0, lq, dq]),
+          'clip_feats': tf.zeros([lc, dv]), 'frame_feats': tf.zeros([0, dv]),
+          'frame_mask': tf.zeros([0]), 'query_feats': tf.zeros([0, lq, dq]),
           'query_mask': tf.zeros([0, lq]), 'caption_order': tf.zeros([0], tf.int64),
           'num_queries': tf.constant(0, tf.int32)}
 
@@ -420,11 +427,8 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
   lq, dq = shards.max_query_len, shards.query_dim
   ds = (tf.data.Dataset.range(start_epoch, last).flat_map(epoch)
         .padded_batch(local, padded_shapes={
-            'video_order': [], 'clip_feats': [shards.num_clips, shards.visual_dim],
-            'frame_feats': [shards.max_frames, shards.visual_dim],
-            'frame_mask': [shards.max_frames], 'query_feats': [None, lq, dq],
-            'query_mask': [None, lq], 'caption_order': [None], 'num_queries': []},
-            drop_remainder=True)
+            **_video_shapes(shards), 'query_feats': [None, lq, dq], 'query_mask': [None, lq],
+            'caption_order': [None], 'num_queries': []}, drop_remainder=True)
         .map(_collate(num_slots, shards), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(prefetch))
   length = None if num_epochs is None else spe * num_epochs - start_step
@@ -504,9 +508,10 @@ def eval_videos(shards: ShardDataset, split: str, *, global_batch_size: int,
   ds = (_records([x.path for x in mine])
         .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
-        .map(lambda v: {'clip_feats': v['clip_feats'], 'frame_feats': v['frame_feats'],
-                        'frame_mask': v['frame_mask'], 'video_index': v['video_order']})
-        .batch(local, drop_remainder=True).prefetch(prefetch))
+        .padded_batch(local, padded_shapes=_video_shapes(shards), drop_remainder=True)
+        .map(lambda b: {'clip_feats': b['clip_feats'], 'frame_feats': b['frame_feats'],
+                        'frame_mask': b['frame_mask'], 'video_index': b['video_order']})
+        .prefetch(prefetch))
   return _NumpyIterator(ds, num_batches)
 
 
