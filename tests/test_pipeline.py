@@ -180,7 +180,7 @@ def test_resolve_shards_prepares_a_release_once(tmp_path):
       'data': {'dir': root, 'name': 'synthetic', 'collection': 'synthetic',
                'visual_feature': 'synthetic', 'text_feature': 'roberta', 'train_split': 'train',
                'val_split': 'val', 'test_split': 'test', 'skip_bad_items': False},
-      'model': {'visual_dim': 32, 'query_dim': 24, 'num_clips': 32, 'max_frames': 128,
+      'model': {'visual_dim': 256, 'query_dim': 128, 'num_clips': 32, 'max_frames': 128,
                 'max_query_len': 30}})
   workdir = str(tmp_path / 'work')
   shards = pipeline.resolve_shards(config, workdir)
@@ -193,5 +193,5 @@ def test_resolve_shards_prepares_a_release_once(tmp_path):
   pipeline.resolve_shards(config, workdir)
   assert os.stat(os.path.join(shards.dir, prepare.MANIFEST)).st_mtime_ns >= mtime
   config.model.visual_dim = 64
-  with pytest.raises(ValueError, match=r'config\.model\.visual_dim=64'):
+  with pytest.raises(ValueError, match=r'config\.model\.visual_dim=64 but'):
     pipeline.resolve_shards(config, workdir)

@@ -429,4 +429,6 @@ if __name__ == '__main__':
   flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
   flags.mark_flag_as_required('config')
   logging.basicConfig(level=logging.INFO)
-  app.run(_main)
+  # Run the imported module's copy: TFDS locates a builder's metadata through its package.
+  from prvr_jax.data import prepare as _module  # pylint: disable=g-import-not-at-top
+  app.run(_module._main)  # pylint: disable=protected-access

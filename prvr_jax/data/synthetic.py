@@ -82,9 +82,9 @@ class Spec:
 
 
 SIZES = {
-    'tiny': Spec(num_videos=(24, 8, 12), visual_dim=32, query_dim=24, latent_dim=16,
-                 num_concepts=40, num_scenes=6, num_function_words=12, num_distractors=6,
-                 frames=(12, 160)),
+    # Both sizes have the dims of `config_lib.SYNTHETIC_DIMS` (the configs' model dims).
+    'tiny': Spec(num_videos=(24, 8, 12), latent_dim=16, num_concepts=40, num_scenes=6,
+                 num_function_words=12, num_distractors=6, frames=(12, 160)),
     'default': Spec(num_videos=(1200, 200, 400)),
 }
 
