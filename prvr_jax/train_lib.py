@@ -147,25 +147,25 @@ def create_train_state(config: ml_collections.ConfigDict, model: nn.Module,
 
 def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
                     tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh):
-  """Jitted `(state, batch, use_hard_negative) -> (state, metrics)`; the state is donated.
+  """Jitted `(state, batch, use_hard_negative, nan_at_step) -> (state, metrics)`.
 
+  The state is donated. `use_hard_negative` (bool) and `nan_at_step` (int; the test hook
+  `config.train.inject_nan_at_step`, -1 = off) are traced scalars, so neither recompiles.
   metrics: `loss`, every weighted loss term, `lr` (of this update) and `grad_norm`
   (global L2 norm of the gradients before clipping), all replicated scalars.
   """
-  inject_nan_at = int(config.train.get('inject_nan_at_step', -1))
 
-  def step_fn(state: TrainState, batch: dict[str, jax.Array], use_hard_negative: jax.Array):
+  def step_fn(state: TrainState, batch: dict[str, jax.Array], use_hard_negative: jax.Array,
+              nan_at_step: jax.Array):
     rng = jax.random.fold_in(state.rng, state.step)
     dropout_rng, loss_rng = jax.random.split(rng)
+    fault = jnp.where(state.step == nan_at_step, jnp.nan, 1.0)
 
     def loss_fn(params):
       outputs = model.apply({'params': params}, batch, deterministic=False,
                             rngs={'dropout': dropout_rng})
       loss, terms = models.compute_loss(config, outputs, batch, loss_rng, use_hard_negative)
-      if inject_nan_at >= 0:  # test hook
-        scale = jnp.where(state.step == inject_nan_at, jnp.nan, 1.0)
-        loss, terms = loss * scale, {k: v * scale for k, v in terms.items()}
-      return loss, terms
+      return loss * fault, {k: v * fault for k, v in terms.items()}
 
     (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -366,11 +366,14 @@ class MetricWriter:
           plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'))
 
   def truncate_after(self, step: int) -> None:
-    """Drops jsonl records past `step` (written by a run that is now being resumed)."""
+    """Drops jsonl records past `step` (written by a run that is now being resumed) and
+    earlier test records (the test split is evaluated again at the end)."""
     if not self.enabled or not os.path.exists(self._jsonl):
       return
     with open(self._jsonl, encoding='utf-8') as f:
-      kept = [line for line in f if line.strip() and json.loads(line)['step'] <= step]
+      records = [line for line in f if line.strip()]
+    kept = [line for line in records
+            if json.loads(line)['step'] <= step and json.loads(line)['split'] != 'test']
     with open(self._jsonl, 'w', encoding='utf-8') as f:
       f.writelines(kept)
 
@@ -524,9 +527,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh = parallel.make_mesh()
   model = models.get_model(config.model)
   checkpoints = Checkpoints(workdir, config.train.get('checkpoint_keep', 1))
-  writer = MetricWriter(workdir, is_main)
+  writer = None
   try:
     checkpoints.check_model(config)
+    writer = MetricWriter(workdir, is_main)
     if is_main:
       _write_json(os.path.join(workdir, CONFIG_FILE), config.to_dict())
     shards = open_data(config, workdir)
@@ -580,7 +584,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return out
   finally:
     checkpoints.close()
-    writer.close()
+    if writer is not None:
+      writer.close()
 
 
 def _train_epochs(config, model, mesh, tx, schedule, state, meta, epoch_steps, shards,
@@ -590,18 +595,19 @@ def _train_epochs(config, model, mesh, tx, schedule, state, meta, epoch_steps, s
   train_step = make_train_step(config, model, tx, schedule, mesh)
   val_data = eval_lib.eval_split(config, shards, 'val')
   stop_after = int(config.train.get('stop_after_steps', 0))
+  nan_at_step = np.int32(config.train.get('inject_nan_at_step', -1))
   every = int(config.train.get('checkpoint_every_steps', 0))
   step = int(meta['step'])
   batches = train_batches(config, shards, step, mesh)
   for epoch in range(meta['epochs_done'], config.train.num_epochs):
-    use_hard = jnp.asarray(epoch >= config.loss.hard_negative_start_epoch)
+    use_hard = np.bool_(epoch >= config.loss.hard_negative_start_epoch)
     epoch_end = (epoch + 1) * epoch_steps
     log = _StepLog(writer, checkpoints, max(int(config.train.log_every_steps), 1), epoch, step,
                    epoch_end, epoch_steps, show=jax.process_index() == 0)
     pending = None
     # The host reads step t-1's metrics while step t runs: the NaN check costs no sync.
     while step < epoch_end:
-      state, step_metrics = train_step(state, next(batches), use_hard)
+      state, step_metrics = train_step(state, next(batches), use_hard, nan_at_step)
       step += 1
       if pending is not None:
         log.add(*pending)
