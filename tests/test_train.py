@@ -24,7 +24,6 @@ from configs import gmmformer
 
 def get_config(arg=None):
   config = gmmformer.get_config('tiny')
-  config.model.visual_dim, config.model.query_dim = 32, 24  # the tiny benchmark's dims
   config.train.stop_after_steps = 0
   config.train.inject_nan_at_step = -1
   return config
