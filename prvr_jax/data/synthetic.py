@@ -36,7 +36,7 @@ _log = logging.getLogger(__name__)
 
 COLLECTION = 'synthetic'
 VISUAL_FEATURE = 'synthetic'
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 _SPLITS = ('train', 'val', 'test')
 _AR = 0.9  # background AR(1) coefficient per frame
 
@@ -48,23 +48,23 @@ class Spec:
   visual_dim: int = 256
   query_dim: int = 128
   latent_dim: int = 48
-  num_concepts: int = 160
+  num_concepts: int = 48                         # few: concept pairs recur across videos
   num_scenes: int = 24
   num_function_words: int = 40
   num_distractors: int = 24                      # shared pool of never-queried moments
   frames: tuple[int, int] = (40, 200)            # raw feature rows per video
   seconds_per_frame: float = 1.5
   moments_per_video: tuple[int, int] = (1, 3)
-  distractors_per_video: tuple[int, int] = (0, 2)
+  distractors_per_video: tuple[int, int] = (1, 3)
   queries_per_video: tuple[int, int] = (1, 6)
   moment_ratio: tuple[float, float] = (0.04, 0.9)  # log-uniform moment/video length
   query_tokens: tuple[int, int] = (6, 36)
-  content_word_prob: float = 0.5
-  moment_strength: float = 1.0                   # moment latent scale vs background
+  content_word_prob: float = 0.35
+  moment_strength: float = 0.8                   # moment latent scale vs background
   clutter: float = 0.9                           # background latent scale
   background_drift: float = 0.6                  # scale of the background's walk
-  frame_noise: float = 0.35
-  word_noise: float = 0.45
+  frame_noise: float = 0.8
+  word_noise: float = 1.0
   sentence_context: float = 0.3
 
   def __post_init__(self):
@@ -83,7 +83,7 @@ class Spec:
 
 SIZES = {
     # Both sizes have the dims of `config_lib.SYNTHETIC_DIMS` (the configs' model dims).
-    'tiny': Spec(num_videos=(24, 8, 12), latent_dim=16, num_concepts=40, num_scenes=6,
+    'tiny': Spec(num_videos=(24, 8, 12), latent_dim=16, num_concepts=24, num_scenes=6,
                  num_function_words=12, num_distractors=6, frames=(12, 160)),
     'default': Spec(num_videos=(1200, 200, 400)),
 }
