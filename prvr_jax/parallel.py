@@ -72,11 +72,6 @@ def sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA_AXIS))
 
 
-def local_batch_multiple() -> int:
-  """Leading dims of a process's batch must be multiples of this."""
-  return jax.local_device_count()
-
-
 def pad_rows(x: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
   """Pads the leading axis of `x` to `size` rows with `value`."""
   if x.shape[0] == size:
@@ -106,7 +101,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     The same keys as global `jax.Array`s, leading axis sharded on `data`.
   """
   batch = {k: np.asarray(v) for k, v in local_batch.items()}
-  multiple = local_batch_multiple()
+  multiple = jax.local_device_count()
   num_videos = batch['clip_feats'].shape[0]
   if num_videos % multiple:
     raise ValueError(
@@ -168,13 +163,6 @@ def to_host(tree: Any) -> Any:
   if jax.process_count() == 1:
     return jax.device_get(tree)
   return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def host_sum(x: np.ndarray | float) -> np.ndarray:
-  """Sums a host value over processes (used for counts and flags)."""
-  if jax.process_count() == 1:
-    return np.asarray(x)
-  return np.asarray(multihost_utils.process_allgather(np.asarray(x))).sum(axis=0)
 
 
 def sync(name: str) -> None:

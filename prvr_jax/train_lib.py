@@ -7,9 +7,10 @@
 * State built with `jax.eval_shape` and a jitted init with replicated output
   shardings; one jitted train step with the state donated; per-step randomness
   `fold_in(state.rng, state.step)`; the hard-negative switch is a traced boolean.
-* Data order does not depend on the host count: every host reads the global
-  batch stream and keeps its own block of videos (with their captions), so 1
-  device, N devices and N hosts see the same global batches.
+* By default the data order does not depend on the host count: every host reads
+  the global batch stream and feeds its own block of rows, so 1 device, N devices
+  and N hosts see the same global batches (`config.data.host_sharded_reading`
+  switches to per-host shard files for large pods).
 * Validation every epoch (official R@1/5/10/100/SumR); the best val SumR is
   kept in `<workdir>/best`, the latest state in `<workdir>/checkpoints`;
   early stopping after more than `config.train.patience` epochs without
@@ -213,22 +214,18 @@ class Checkpoints:
         options=ocp.CheckpointManagerOptions(max_to_keep=1, **options))
     self.workdir = workdir
 
-  def latest_meta(self) -> dict[str, Any] | None:
-    step = self.latest.latest_step()
+  @staticmethod
+  def read_meta(manager: ocp.CheckpointManager, step: int | None = None
+                ) -> dict[str, Any] | None:
+    """The JSON metadata of `step` (default: the latest) of `manager`, or None."""
+    step = manager.latest_step() if step is None else step
     if step is None:
       return None
-    return dict(self.latest.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta)
-
-  def best_meta(self) -> dict[str, Any] | None:
-    step = self.best.latest_step()
-    if step is None:
-      return None
-    return dict(self.best.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta)
+    return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
 
   def check_model(self, config: ml_collections.ConfigDict) -> None:
-    for meta in (self.latest_meta(), self.best_meta()):
+    for manager in (self.latest, self.best):
+      meta = self.read_meta(manager)
       if meta is not None:
         check_fingerprint(meta, config, self.workdir)
 
@@ -332,8 +329,7 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
   if step is None or step not in manager.all_steps():
     raise ValueError(f'{directory} holds no complete checkpoint'
                      + (f' at step {step}.' if step is not None else '.'))
-  meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-  check_fingerprint(meta, config, directory)
+  check_fingerprint(Checkpoints.read_meta(manager, step), config, directory)
   if os.path.basename(directory) == BEST_DIR:
     abstract = abstract_train_state(config, model, optax.identity(), mesh).params
     params = manager.restore(step, args=ocp.args.Composite(
@@ -541,11 +537,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     restored = checkpoints.restore_latest(abstract_state)
     if restored is None:
       state = create_train_state(config, model, tx, mesh)
-      meta = {**model_fingerprint(config), 'step': 0, 'epochs_done': 0, 'best_sumr': -1.0,
-              'best_epoch': -1, 'es_count': 0, 'finished': False}
+      meta = {**model_fingerprint(config), 'steps_per_epoch': epoch_steps, 'step': 0,
+              'epochs_done': 0, 'best_sumr': -1.0, 'best_epoch': -1, 'es_count': 0,
+              'finished': False}
       logging.info('Starting %s in %s.', config.model.name, workdir)
     else:
       state, meta = restored
+      if meta['steps_per_epoch'] != epoch_steps:
+        raise ValueError(
+            f'{workdir} was trained with {meta["steps_per_epoch"]} steps per epoch, this '
+            f'config gives {epoch_steps} (config.train.batch_size={config.train.batch_size}); '
+            'resume with the original batch size and data, or use a new --workdir.')
       checkpoints.drop_best_after(meta['step'])
       logging.info('Resuming %s in %s from step %d (%d epochs done).', config.model.name,
                    workdir, meta['step'], meta['epochs_done'])
@@ -588,8 +590,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       writer.close()
 
 
-def _train_epochs(config, model, mesh, tx, schedule, state, meta, epoch_steps, shards,
-                  evaluator, mv_groups, checkpoints, writer):
+def _train_epochs(config: ml_collections.ConfigDict, model: nn.Module, mesh: Mesh,
+                  tx: optax.GradientTransformation, schedule: optax.Schedule,
+                  state: TrainState, meta: dict[str, Any], epoch_steps: int,
+                  shards: pipeline.ShardDataset, evaluator: eval_lib.Evaluator,
+                  mv_groups: tuple[tuple[float, float], ...], checkpoints: Checkpoints,
+                  writer: MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
   """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None
   when the `stop_after_steps` hook stopped it."""
   train_step = make_train_step(config, model, tx, schedule, mesh)

@@ -72,3 +72,41 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, config_path, tiny_dat
     for a, b in zip(_records(runs[name], 'train'), _records(runs['one_device'], 'train'),
                     strict=True):
       assert a['loss'] == pytest.approx(b['loss'], rel=1e-5), name
+
+
+_PARALLEL_SCRIPT = r'''
+import sys
+import numpy as np
+from prvr_jax import parallel
+parallel.maybe_initialize_distributed(sys.argv[1], 2, int(sys.argv[2]))
+import jax
+p = jax.process_index()
+mesh = parallel.make_mesh()
+assert [d.process_index for d in mesh.devices] == [0, 0, 1, 1]
+# Host-sharded mode: 2 local videos, 3 local query slots (padded to 4 for 2 local devices).
+local = {'clip_feats': np.full((2, 3), p, np.float32), 'video_valid': np.ones(2, bool),
+         'query_feats': np.arange(3, dtype=np.float32)[:, None] + 10 * p,
+         'query_valid': np.array([True, True, False]), 'query_video': np.array([0, 1, 0], np.int32)}
+batch = parallel.to_host(parallel.global_batch(local, mesh))
+np.testing.assert_array_equal(batch['clip_feats'][:, 0], [0, 0, 1, 1])
+np.testing.assert_array_equal(batch['query_video'], [0, 1, 0, 0, 2, 3, 2, 0])
+np.testing.assert_array_equal(batch['query_valid'], [1, 1, 0, 0, 1, 1, 0, 0])
+# Global view: every process holds the same 5 rows; padded to 8, each feeds its block.
+view = parallel.to_host(parallel.shard_global_view({'x': np.arange(5.0)}, mesh))
+np.testing.assert_array_equal(view['x'], [0, 1, 2, 3, 4, 0, 0, 0])
+rep = parallel.replicate({'w': np.arange(6.0).reshape(2, 3)}, mesh)
+assert rep['w'].sharding.is_fully_replicated
+np.testing.assert_array_equal(parallel.to_host(rep)['w'], np.arange(6.0).reshape(2, 3))
+print('ok', p)
+'''
+
+
+def test_parallel_helpers_across_two_processes():
+  address = f'localhost:{_free_port()}'
+  env = cli_env(cache_dir=None, devices=2)
+  procs = [subprocess.Popen([sys.executable, '-c', _PARALLEL_SCRIPT, address, str(i)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outputs = [p.communicate(timeout=300) for p in procs]
+  for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0 and f'ok {i}' in out, err[-4000:]
