@@ -468,16 +468,16 @@ def torch_names(params: Any, model_name: str) -> Any:
   """Pytree like `params` of the official name of each leaf.
 
   Stacked branch leaves stand for `attn0..attnK-1` and are named with `attn*`, e.g.
-  'clip_encoder.attn*.self.query.weight'.
+  'clip_encoder.attn*.self.query.weight'. Leaves with no official counterpart (ablation
+  options such as the `weighted` aggregation's `branch_logits`) keep their own path joined
+  with dots, so name-based rules (the BertAdam weight-decay groups) still apply to them.
   """
   names = {leaf.path: (re.sub(r'attn0\.', 'attn*.', leaf.names[0], count=1) if leaf.stacked
                        else leaf.names[0]) for leaf in _spec(model_name, _num_branches(params))}
 
   def name_of(path, _):
     key = tuple(str(getattr(k, 'key', k)) for k in path)
-    if key not in names:
-      raise ValueError(f'{_fmt(key)} has no official {model_name} counterpart')
-    return names[key]
+    return names.get(key, '.'.join(key))
   return jax.tree_util.tree_map_with_path(name_of, params)
 
 

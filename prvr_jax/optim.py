@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from prvr_jax.layers.gmm_block import BRANCHES
+
 MaskOrFn = Union[Any, Callable[[optax.Params], Any]]
 
 _OFFICIAL_NO_DECAY = ('bias', 'LayerNorm.bias', 'LayerNorm.weight')
@@ -67,19 +69,22 @@ def warmup_linear_schedule(lr: float, warmup_proportion: float,
 
 
 def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
-  """Scales each gradient leaf to L2 norm <= max_norm (torch clip_grad_norm_).
+  """Scales each official tensor's gradient to L2 norm <= max_norm (torch clip_grad_norm_).
 
-  Like torch, the factor is min(1, max_norm / (norm + 1e-6)).
+  Like torch, the factor is min(1, max_norm / (norm + 1e-6)). A leaf under a
+  `GMMBlock`'s stacked `branches` holds K official tensors (attn0..attnK-1) on its leading
+  axis; each is clipped on its own.
   """
+  def clip(path, g):
+    stacked = any(getattr(k, 'key', None) == BRANCHES for k in path)
+    axes = tuple(range(1 if stacked else 0, g.ndim))
+    norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32)), axis=axes, keepdims=True))
+    factor = jnp.minimum(1., max_norm / (norm + 1e-6))
+    return (g * factor).astype(g.dtype)
+
   def update_fn(updates, state, params=None):
     del params
-
-    def clip(g):
-      norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
-      factor = jnp.minimum(1., max_norm / (norm + 1e-6))
-      return (g * factor).astype(g.dtype)
-
-    return jax.tree.map(clip, updates), state
+    return jax.tree_util.tree_map_with_path(clip, updates), state
 
   return optax.GradientTransformation(
       lambda params: optax.EmptyState(), update_fn)

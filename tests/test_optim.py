@@ -156,3 +156,19 @@ def test_make_optimizer_bert_adam_and_adamw():
   config.name = 'sgd'
   with pytest.raises(ValueError, match='config.optim.name'):
     optim.make_optimizer(config, total_steps=100)
+
+
+def test_stacked_branches_are_clipped_per_official_tensor():
+  """Each of the K slices under `branches` is one torch tensor and is clipped on its own."""
+  rng = np.random.default_rng(0)
+  stacked = rng.normal(size=(3, 4, 5)).astype(np.float32)
+  stacked[0] *= 0.01  # a small slice: its norm stays below 1 and must not be scaled
+  plain = rng.normal(size=(4, 5)).astype(np.float32)
+  grads = {'branches': {'kernel': jnp.asarray(stacked)}, 'dense': {'kernel': jnp.asarray(plain)}}
+  clipped, _ = optim.clip_by_tensor_norm(1.0).update(grads, optax.EmptyState())
+  for k in range(3):
+    norm = np.linalg.norm(stacked[k])
+    np.testing.assert_allclose(clipped['branches']['kernel'][k],
+                               stacked[k] * min(1.0, 1.0 / (norm + 1e-6)), rtol=1e-6)
+  np.testing.assert_allclose(clipped['branches']['kernel'][0], stacked[0])
+  np.testing.assert_allclose(np.linalg.norm(clipped['dense']['kernel']), 1.0, rtol=1e-5)

@@ -21,6 +21,9 @@ from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, dense
 from prvr_jax.layers.windows import stacked_windows
 
 AGGREGATIONS = ('average', 'weighted', 'dynamic', 'temporal_consolidation')
+# Name of the stacked branch parameters (leading axis K); per-tensor code such as BertAdam's
+# gradient clipping treats each of the K slices as one tensor.
+BRANCHES = 'branches'
 
 
 class GMMBlock(nn.Module):
@@ -66,7 +69,7 @@ class GMMBlock(nn.Module):
         BLOCKS[self.block], in_axes=(None, None, None, 0, None), out_axes=0,
         variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
         axis_size=num_branches)(
-            num_heads=self.num_heads, dropout_rate=self.dropout_rate, name='branches')
+            num_heads=self.num_heads, dropout_rate=self.dropout_rate, name=BRANCHES)
     outputs = branches(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
 
     if self.aggregation == 'average':
