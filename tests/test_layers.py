@@ -151,3 +151,18 @@ def test_temporal_consolidation_weights_sum_to_one():
   np.testing.assert_allclose(same_windows.apply(same, x, None, None, token), single, atol=1e-5)
   with pytest.raises(ValueError, match='query token'):
     block.apply(params, x)
+
+
+def test_folded_single_query_attention_equals_projected_keys():
+  """A learnable token over a sequence takes the folded path; it computes the same function."""
+  rng = np.random.default_rng(5)
+  token = jnp.asarray(rng.normal(size=(3, 1, 16)), jnp.float32)
+  keys = jnp.asarray(rng.normal(size=(3, 20, 16)), jnp.float32)
+  mask = jnp.ones((3, 20)).at[2, 11:].set(0)
+  attention = MultiHeadAttention(num_heads=2)
+  params = attention.init(jax.random.key(0), token, keys, mask)
+  params = jax.tree_util.tree_map(lambda p: p + 0.3 * jnp.ones_like(p), params)  # non-zero biases
+  folded = attention.apply(params, token, keys, mask)
+  # Sixteen query copies per video exceed the folding threshold: the keys are projected.
+  projected = attention.apply(params, jnp.repeat(token, 16, axis=1), keys, mask)[:, :1]
+  np.testing.assert_allclose(folded, projected, rtol=1e-5, atol=1e-5)

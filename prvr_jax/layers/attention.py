@@ -27,8 +27,27 @@ def dense(features: int, name: str, use_bias: bool = True) -> nn.Dense:
   return nn.Dense(features, use_bias=use_bias, kernel_init=dense_init, name=name)
 
 
+class Projection(nn.Module):
+  """A Linear layer with `nn.Dense`'s parameters (`kernel [D_in, F]`, `bias [F]`) that can also
+  hand out its weights, for attention that folds a projection into the other operand."""
+  in_features: int
+  features: int
+
+  def setup(self):
+    self.kernel = self.param('kernel', dense_init, (self.in_features, self.features))
+    self.bias = self.param('bias', nn.initializers.zeros, (self.features,))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return x @ self.kernel + self.bias
+
+
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product attention; the window multiplies the logits, masked keys get -10000.
+
+  With few queries (a learnable query token attending over a sequence: `Lq * heads` well below
+  the width) the key and value projections are folded into the query side instead of being
+  applied to every key -- the same function with O(Lq * Lk * D * heads) instead of
+  O(Lk * D^2) work.
 
   Attributes:
     num_heads: number of heads; the model width must be divisible by it.
@@ -46,20 +65,30 @@ class MultiHeadAttention(nn.Module):
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not a multiple of num_heads {self.num_heads}')
     head_dim = width // self.num_heads
-
-    def heads(x, name):
-      x = dense(width, name)(x)
-      return x.reshape(x.shape[:-1] + (self.num_heads, head_dim))
-
-    q, k, v = heads(queries, 'query'), heads(keys, 'key'), heads(keys, 'value')
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(head_dim)
+    split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, head_dim))
+    query_proj, key_proj, value_proj = (Projection(width, width, name=n)
+                                        for n in ('query', 'key', 'value'))
+    q = split(query_proj(queries))
+    fold = 2 * queries.shape[-2] * self.num_heads <= width
+    if fold:  # logits = (q W_k^T) . x + q . b_k
+      q_keys = jnp.einsum('bqhd,ehd->bqhe', q, split(key_proj.kernel))  # [B, Lq, H, D]
+      logits = (jnp.einsum('bqhe,bke->bhqk', q_keys, keys)
+                + jnp.einsum('bqhd,hd->bhq', q, split(key_proj.bias))[..., None])
+    else:
+      logits = jnp.einsum('bqhd,bkhd->bhqk', q, split(key_proj(keys)))
+    logits = logits / math.sqrt(head_dim)
     if window is not None:
       logits = logits * window
     if key_mask is not None:
       logits = logits + (1.0 - key_mask[:, None, None, :]) * MASKED_LOGIT
     probs = jax.nn.softmax(logits, axis=-1)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
-    out = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+    if fold:  # sum_k p_k (x_k W_v + b_v) = (sum_k p_k x_k) W_v + (sum_k p_k) b_v
+      attended = jnp.einsum('bhqk,bke->bqhe', probs, keys)  # [B, Lq, H, D]
+      out = (jnp.einsum('bqhe,ehd->bqhd', attended, split(value_proj.kernel))
+             + jnp.einsum('bhqk,hd->bqhd', probs, split(value_proj.bias)))
+    else:
+      out = jnp.einsum('bhqk,bkhd->bqhd', probs, split(value_proj(keys)))
     return out.reshape(out.shape[:-2] + (width,))
 
 
