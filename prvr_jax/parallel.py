@@ -38,7 +38,8 @@ def maybe_initialize_distributed(coordinator_address: str | None = None,
           '--coordinator_address, --num_processes and --process_id must be given '
           f'together (got {coordinator_address!r}, {num_processes!r}, {process_id!r}).')
     if not 0 <= process_id < num_processes:
-      raise ValueError(f'--process_id={process_id} must lie in [0, --num_processes={num_processes}).')
+      raise ValueError(f'--process_id={process_id} must lie in '
+                       f'[0, --num_processes={num_processes}).')
   elif not multihost:
     return False
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')

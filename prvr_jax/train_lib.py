@@ -316,7 +316,8 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
   model = models.get_model(config.model)
   if os.path.isfile(path):
     if not path.endswith(TORCH_SUFFIXES):
-      raise ValueError(f'{path} is a file but not a PyTorch checkpoint ({", ".join(TORCH_SUFFIXES)}).')
+      raise ValueError(f'{path} is a file but not a PyTorch checkpoint '
+                       f'({", ".join(TORCH_SUFFIXES)}).')
     state_dict = convert.load_torch_checkpoint(path)
     params = convert.torch_to_params(state_dict, config.model.name, config.model)
     return (parallel.replicate(params, mesh),

@@ -1,7 +1,6 @@
 """evaluate.py on official PyTorch checkpoints gives the official scores; eval chunking."""
 
 import json
-import pathlib
 
 import jax
 import numpy as np

@@ -13,8 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from test_train import (REPO, cli_env, config_path, load_latest_params, read_jsonl,  # pylint: disable=unused-import
-                        run_cli, tiny_data, xla_cache)
+from test_train import REPO, cli_env, load_latest_params, read_jsonl, run_cli
+# Session fixtures shared with test_train.py.
+from test_train import config_path, tiny_data, xla_cache  # pylint: disable=unused-import
 
 
 def _free_port() -> int:
