@@ -90,11 +90,12 @@ class Evaluator:
   """Jitted video encoding and query scoring for one model on one mesh.
 
   Build once and reuse (e.g. every epoch): the jitted functions compile once per
-  batch shape.
+  batch shape. Matmuls run at `matmul_precision` (float32 by default: the official
+  scores; no TF32 on GPUs).
   """
 
   def __init__(self, model: nn.Module, mesh: Mesh, video_batch_size: int,
-               query_batch_size: int):
+               query_batch_size: int, matmul_precision: str = 'float32'):
     self.model = model
     self.mesh = mesh
     self.video_batch_size = video_batch_size
@@ -106,14 +107,16 @@ class Evaluator:
 
     @functools.partial(jax.jit, out_shardings=sharded)
     def encode_videos(params, clip_feats, frame_feats, frame_mask):
-      return model.apply({'params': params}, clip_feats, frame_feats, frame_mask,
-                         method='encode_videos', deterministic=True)
+      with jax.default_matmul_precision(matmul_precision):
+        return model.apply({'params': params}, clip_feats, frame_feats, frame_mask,
+                           method='encode_videos', deterministic=True)
 
     @functools.partial(jax.jit, out_shardings=sharded)
     def score_queries(params, query_feats, query_mask, videos):
-      queries = model.apply({'params': params}, query_feats, query_mask,
-                            method='encode_queries', deterministic=True)
-      return model.score(queries, videos).astype(jnp.float32)
+      with jax.default_matmul_precision(matmul_precision):
+        queries = model.apply({'params': params}, query_feats, query_mask,
+                              method='encode_queries', deterministic=True)
+        return model.score(queries, videos).astype(jnp.float32)
 
     self._encode_videos = encode_videos
     self._score_queries = score_queries
@@ -242,7 +245,8 @@ def evaluate_checkpoint(config: Any, checkpoint: str, split: str = 'test',
   # Synthetic data / prepared shards are found again in the training workdir.
   shards = train_lib.open_data(config, info['workdir'] or output_dir)
   evaluator = Evaluator(models.get_model(config.model), mesh, config.eval.video_batch_size,
-                        config.eval.query_batch_size)
+                        config.eval.query_batch_size,
+                        config.eval.get('matmul_precision', 'float32'))
   mv_groups = tuple(tuple(g) for g in config.eval.get('mv_groups', metrics_lib.DEFAULT_MV_GROUPS))
   result = evaluator.evaluate(params, eval_split(config, shards, split), mv_groups)
   if jax.process_index() == 0:

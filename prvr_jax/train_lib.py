@@ -154,10 +154,16 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
   `config.train.inject_nan_at_step`, -1 = off) are traced scalars, so neither recompiles.
   metrics: `loss`, every weighted loss term, `lr` (of this update) and `grad_norm`
   (global L2 norm of the gradients before clipping), all replicated scalars.
+  Matmuls run at `config.train.matmul_precision` ('float32' or 'bfloat16').
   """
+  precision = config.train.get('matmul_precision', 'float32')
 
   def step_fn(state: TrainState, batch: dict[str, jax.Array], use_hard_negative: jax.Array,
               nan_at_step: jax.Array):
+    with jax.default_matmul_precision(precision):
+      return _step(state, batch, use_hard_negative, nan_at_step)
+
+  def _step(state, batch, use_hard_negative, nan_at_step):
     rng = jax.random.fold_in(state.rng, state.step)
     dropout_rng, loss_rng = jax.random.split(rng)
     fault = jnp.where(state.step == nan_at_step, jnp.nan, 1.0)
@@ -559,7 +565,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                  num_epochs)
 
     evaluator = eval_lib.Evaluator(model, mesh, config.eval.video_batch_size,
-                                   config.eval.query_batch_size)
+                                   config.eval.query_batch_size,
+                                   config.eval.get('matmul_precision', 'float32'))
     mv_groups = tuple(tuple(g) for g in config.eval.get('mv_groups', metrics.DEFAULT_MV_GROUPS))
     if not meta['finished']:
       stopped = _train_epochs(config, model, mesh, tx, schedule, state, meta, epoch_steps,
