@@ -73,10 +73,17 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   # code; also stops TF32 on GPUs) or 'bfloat16' (bf16 passes, f32 accumulation: faster on CPUs
   # with AVX512-BF16, GPUs and TPUs).
   config.train.matmul_precision = 'float32'
+  config.train.checkpoint_every_steps = 0  # 0: at the end of every epoch only
+  # Test hooks: stop after this many steps (0: never) / make the loss NaN at this step (-1: never).
+  config.train.stop_after_steps = 0
+  config.train.inject_nan_at_step = -1
 
   config.eval = ml_collections.ConfigDict()
   config.eval.query_batch_size = 50
   config.eval.video_batch_size = 100
+  config.eval.matmul_precision = 'float32'
+  # Moment-to-video groups for SumR by M/V (the GMMFormer papers' bins).
+  config.eval.mv_groups = ((0.0, 0.25), (0.25, 0.5), (0.5, 1.0))
 
   config.data = ml_collections.ConfigDict()
   config.data.name = variant if variant in DATASETS else 'synthetic'
@@ -91,6 +98,9 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.max_queries_per_batch = 0  # 0: local batch x max captions per video
   config.data.skip_bad_items = False
   config.data.shuffle_buffer = 1024
+  # False: every host reads the whole batch stream and keeps its rows (results independent of
+  # the host count); True: each host reads only its own shard files (less I/O on large pods).
+  config.data.host_sharded_reading = False
   return config
 
 

@@ -15,10 +15,6 @@ from ml_collections import config_flags
 
 from prvr_jax import models
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Model config file[:variant].',
-                                          lock_config=True)
-
-
 def parameter_table(params: Any) -> list[tuple[str, tuple[int, ...], int]]:
   """(path, shape, size) of every parameter leaf, in tree order."""
   rows = []
@@ -40,9 +36,11 @@ def format_table(params: Any) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  print(format_table(models.param_shapes(_CONFIG.value.model)))
+  print(format_table(models.param_shapes(flags.FLAGS.config.model)))
 
 
 if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', None, 'Model config file[:variant].',
+                                  lock_config=True)
   flags.mark_flag_as_required('config')
   app.run(main)

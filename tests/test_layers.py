@@ -166,3 +166,16 @@ def test_folded_single_query_attention_equals_projected_keys():
   # Sixteen query copies per video exceed the folding threshold: the keys are projected.
   projected = attention.apply(params, jnp.repeat(token, 16, axis=1), keys, mask)[:, :1]
   np.testing.assert_allclose(folded, projected, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_rate_scaling_and_independence():
+  from prvr_jax.layers.attention import Dropout
+  x = jnp.ones((501, 401))
+  dropout = Dropout(0.2)
+  y = np.asarray(dropout.apply({}, x, False, rngs={'dropout': jax.random.key(0)}))
+  assert set(np.unique(y)) == {0.0, 1.25}
+  assert abs((y == 0).mean() - 0.2) < 0.005  # 200k draws: 5 standard deviations is 0.0045
+  z = np.asarray(dropout.apply({}, x, False, rngs={'dropout': jax.random.key(1)}))
+  assert abs(((y == 0) & (z == 0)).mean() - 0.04) < 0.003  # independent masks per key
+  assert abs(((y[:, :-1] == 0) & (y[:, 1:] == 0)).mean() - 0.04) < 0.003  # no pairing of halves
+  np.testing.assert_array_equal(dropout.apply({}, x, True), x)

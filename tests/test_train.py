@@ -17,16 +17,13 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# The `tiny` GMMFormer config on the tiny synthetic benchmark, with the test hooks that
-# train_lib reads (declared here so that --config.train.* overrides accept them).
+# The `tiny` GMMFormer config on the tiny synthetic benchmark.
 TINY_CONFIG = """
 from configs import gmmformer
 
 def get_config(arg=None):
   config = gmmformer.get_config('tiny')
   config.eval.video_batch_size = 16  # val and test in one chunk: fewer programs to compile
-  config.train.stop_after_steps = 0
-  config.train.inject_nan_at_step = -1
   return config
 """
 STEPS_PER_EPOCH, EPOCHS = 3, 2  # 24 train videos / batch 8; config 'tiny'
