@@ -322,8 +322,7 @@ def _video_shapes(shards: ShardDataset) -> dict[str, list[int]]:
 
 
 def _pad_video(shards: ShardDataset) -> dict[str, tf.Tensor]:
-  lc, lf, lq, dv, dq = (shards.num_clips, shards.max_frames, shards.max_query_len,
-                        shards.visual_dim, shards.query_dim)
+  lc, lq, dv, dq = shards.num_clips, shards.max_query_len, shards.visual_dim, shards.query_dim
   return {'video_order': tf.constant(-1, tf.int64),
           'clip_feats': tf.zeros([lc, dv]), 'frame_feats': tf.zeros([0, dv]),
           'frame_mask': tf.zeros([0]), 'query_feats': tf.zeros([0, lq, dq]),

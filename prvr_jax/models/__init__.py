@@ -4,7 +4,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from prvr_jax.models.common import module_kwargs

@@ -86,3 +86,44 @@ class VideoBranch(nn.Module):
                    self.aggregation, self.temperature, name=f'encoder_{i}')(
                        x, mask, window_length, query_token, deterministic)
     return x
+
+
+class RetrievalModel(nn.Module):
+  """What the GMMFormer-family models share: the query branch, the fused eval score and the
+  in-batch similarity matrices for the losses. Subclasses define `encode_videos` and
+  `frame_similarity`, and set `self.query` (a `QueryEncoder`) in `setup`."""
+
+  def encode_queries(self, query_feats: jax.Array, query_mask: jax.Array,
+                     deterministic: bool = True) -> jax.Array:
+    """query_feats `[Q, Lq, Dq]`, query_mask `[Q, Lq]` -> `[Q, D]`."""
+    return self.query(query_feats, query_mask, deterministic)
+
+  def frame_similarity(self, queries: jax.Array, videos: dict[str, jax.Array],
+                       cosine: bool) -> jax.Array:
+    """Frame-level (v1: video-level) branch similarity `[Q, B]`."""
+    raise NotImplementedError
+
+  def score(self, queries: jax.Array, videos: dict[str, jax.Array]) -> jax.Array:
+    """Eval score `[Q, B]` = clip_score_weight * max-clip cosine + frame_score_weight * frame
+    branch cosine."""
+    return (self.clip_score_weight * max_similarity(queries, videos['clips'], cosine=True)
+            + self.frame_score_weight * self.frame_similarity(queries, videos, cosine=True))
+
+  def __call__(self, batch: dict[str, jax.Array],
+               deterministic: bool = True) -> dict[str, jax.Array]:
+    """In-batch similarity matrices `[Q, B]` (cosines for the triplet losses, raw dots for
+    InfoNCE) and the embeddings the losses need."""
+    videos = self.encode_videos(batch['clip_feats'], batch['frame_feats'], batch['frame_mask'],
+                                deterministic)
+    queries = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
+    # A second encoding with its own dropout mask feeds QDL and OM, as in the official code.
+    queries_aux = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
+    return {
+        'clip_scores': max_similarity(queries, videos['clips'], cosine=True),
+        'clip_logits': max_similarity(queries, videos['clips'], cosine=False),
+        'frame_scores': self.frame_similarity(queries, videos, cosine=True),
+        'frame_logits': self.frame_similarity(queries, videos, cosine=False),
+        'queries': queries,
+        'queries_aux': queries_aux,
+        'clips': videos['clips'],
+    }

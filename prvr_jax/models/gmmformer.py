@@ -13,17 +13,16 @@ step, i.e. over the global batch); `encode_videos(..., window_length=...)` lets 
 pass the lengths the official evaluation batches would have had. 'static' always uses 128.
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionPooling
-from prvr_jax.models.common import QueryEncoder, VideoBranch, max_similarity, similarity
+from prvr_jax.models.common import QueryEncoder, RetrievalModel, VideoBranch, similarity
 
 FRAME_WINDOW_LENGTHS = ('batch_max', 'static')
 
 
-class GMMFormer(nn.Module):
+class GMMFormer(RetrievalModel):
   """Attributes mirror `config.model` (see configs/gmmformer.py)."""
   hidden_dim: int = 384
   num_heads: int = 4
@@ -71,29 +70,6 @@ class GMMFormer(nn.Module):
     frames = self.frame(frame_feats, frame_mask, window_length, None, deterministic)
     return {'clips': clips, 'video': self.video_pooling(frames, frame_mask)}
 
-  def encode_queries(self, query_feats: jax.Array, query_mask: jax.Array,
-                     deterministic: bool = True) -> jax.Array:
-    """query_feats `[Q, Lq, Dq]`, query_mask `[Q, Lq]` -> `[Q, D]`."""
-    return self.query(query_feats, query_mask, deterministic)
-
-  def score(self, queries: jax.Array, videos: dict[str, jax.Array]) -> jax.Array:
-    """Eval score `[Q, B]` = 0.7 max-clip cosine + 0.3 video cosine."""
-    return (self.clip_score_weight * max_similarity(queries, videos['clips'], cosine=True)
-            + self.frame_score_weight * similarity(queries, videos['video'], cosine=True))
-
-  def __call__(self, batch: dict[str, jax.Array],
-               deterministic: bool = True) -> dict[str, jax.Array]:
-    """In-batch similarity matrices `[Q, B]` and the embeddings the losses need."""
-    videos = self.encode_videos(batch['clip_feats'], batch['frame_feats'], batch['frame_mask'],
-                                deterministic)
-    queries = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
-    queries_aux = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
-    return {
-        'clip_scores': max_similarity(queries, videos['clips'], cosine=True),
-        'clip_logits': max_similarity(queries, videos['clips'], cosine=False),
-        'frame_scores': similarity(queries, videos['video'], cosine=True),
-        'frame_logits': similarity(queries, videos['video'], cosine=False),
-        'queries': queries,
-        'queries_aux': queries_aux,
-        'clips': videos['clips'],
-    }
+  def frame_similarity(self, queries: jax.Array, videos: dict[str, jax.Array],
+                       cosine: bool) -> jax.Array:
+    return similarity(queries, videos['video'], cosine)

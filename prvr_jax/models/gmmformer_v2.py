@@ -11,10 +11,10 @@ eval S = 0.7 S_c + 0.3 S_f.
 import flax.linen as nn
 import jax
 
-from prvr_jax.models.common import QueryEncoder, VideoBranch, max_similarity
+from prvr_jax.models.common import QueryEncoder, RetrievalModel, VideoBranch, max_similarity
 
 
-class GMMFormerV2(nn.Module):
+class GMMFormerV2(RetrievalModel):
   """Attributes mirror `config.model` (see configs/gmmformer_v2.py)."""
   hidden_dim: int = 384
   num_heads: int = 4
@@ -55,30 +55,6 @@ class GMMFormerV2(nn.Module):
     frames = self.frame(frame_feats, frame_mask, None, self.weight_token, deterministic)
     return {'clips': clips, 'frames': frames * frame_mask[..., None]}
 
-  def encode_queries(self, query_feats: jax.Array, query_mask: jax.Array,
-                     deterministic: bool = True) -> jax.Array:
-    """query_feats `[Q, Lq, Dq]`, query_mask `[Q, Lq]` -> `[Q, D]`."""
-    return self.query(query_feats, query_mask, deterministic)
-
-  def score(self, queries: jax.Array, videos: dict[str, jax.Array]) -> jax.Array:
-    """Eval score `[Q, B]` = 0.7 max-clip cosine + 0.3 max-frame cosine."""
-    return (self.clip_score_weight * max_similarity(queries, videos['clips'], cosine=True)
-            + self.frame_score_weight * max_similarity(queries, videos['frames'], cosine=True))
-
-  def __call__(self, batch: dict[str, jax.Array],
-               deterministic: bool = True) -> dict[str, jax.Array]:
-    """In-batch similarity matrices `[Q, B]` and the embeddings the losses need."""
-    videos = self.encode_videos(batch['clip_feats'], batch['frame_feats'], batch['frame_mask'],
-                                deterministic)
-    queries = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
-    # A second encoding with its own dropout mask feeds QDL and OM, as in the official code.
-    queries_aux = self.encode_queries(batch['query_feats'], batch['query_mask'], deterministic)
-    return {
-        'clip_scores': max_similarity(queries, videos['clips'], cosine=True),
-        'clip_logits': max_similarity(queries, videos['clips'], cosine=False),
-        'frame_scores': max_similarity(queries, videos['frames'], cosine=True),
-        'frame_logits': max_similarity(queries, videos['frames'], cosine=False),
-        'queries': queries,
-        'queries_aux': queries_aux,
-        'clips': videos['clips'],
-    }
+  def frame_similarity(self, queries: jax.Array, videos: dict[str, jax.Array],
+                       cosine: bool) -> jax.Array:
+    return max_similarity(queries, videos['frames'], cosine)
