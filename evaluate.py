@@ -25,19 +25,13 @@ _SPLIT = flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
     'for our checkpoints, <file>_eval_<split> beside an official file).')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
-                                   'host:port of process 0 (multi-process runs).')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
-_MULTIHOST = flags.DEFINE_bool('multihost', False,
-                               'Initialise jax.distributed from the detected cluster.')
+parallel.define_distributed_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  parallel.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
-                                        _PROCESS_ID.value, _MULTIHOST.value)
+  parallel.initialize_distributed_from_flags()
   from prvr_jax import eval_lib  # pylint: disable=g-import-not-at-top
   from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top
   train_lib.quiet_library_logs()

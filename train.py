@@ -21,19 +21,13 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, logs and metrics go here; '
                                'an existing workdir is resumed.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
-                                   'host:port of process 0 (multi-process runs).')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
-_MULTIHOST = flags.DEFINE_bool('multihost', False,
-                               'Initialise jax.distributed from the detected cluster.')
+parallel.define_distributed_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  parallel.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
-                                        _PROCESS_ID.value, _MULTIHOST.value)
+  parallel.initialize_distributed_from_flags()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
   from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top

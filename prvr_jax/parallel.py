@@ -9,6 +9,7 @@ No pmap: everything runs through `jax.jit` with shardings.
 from collections.abc import Mapping
 from typing import Any
 
+from absl import flags
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
@@ -18,6 +19,21 @@ import numpy as np
 DATA_AXIS = 'data'
 # Batch keys sized by the number of query slots (the rest are sized by videos).
 QUERY_KEYS = ('query_feats', 'query_mask', 'query_valid', 'query_video')
+
+
+def define_distributed_flags() -> None:
+  """Defines the multi-process flags of train.py and evaluate.py."""
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+  flags.DEFINE_integer('process_id', None, 'Index of this process.')
+  flags.DEFINE_bool('multihost', False, 'Initialise jax.distributed from the detected cluster.')
+
+
+def initialize_distributed_from_flags() -> bool:
+  """`maybe_initialize_distributed` with the flags of `define_distributed_flags`."""
+  args = flags.FLAGS
+  return maybe_initialize_distributed(args.coordinator_address, args.num_processes,
+                                      args.process_id, args.multihost)
 
 
 def maybe_initialize_distributed(coordinator_address: str | None = None,
