@@ -202,6 +202,14 @@ def parameter_overview(params: Any) -> str:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+def _restore_newest(manager: ocp.CheckpointManager, **items: Any) -> Any:
+  """The newest checkpoint of `manager` (its `items` and its JSON `meta`), or None."""
+  step = manager.latest_step()
+  if step is None:
+    return None
+  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **items))
+
+
 class Checkpoints:
   """`<workdir>/checkpoints` (latest full states) and `<workdir>/best` (best params).
 
@@ -237,20 +245,12 @@ class Checkpoints:
 
   def restore_latest(self, abstract_state: TrainState
                      ) -> tuple[TrainState, dict[str, Any]] | None:
-    step = self.latest.latest_step()
-    if step is None:
-      return None
-    restored = self.latest.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored.state, dict(restored.meta)
+    restored = _restore_newest(self.latest, state=ocp.args.StandardRestore(abstract_state))
+    return None if restored is None else (restored.state, dict(restored.meta))
 
   def restore_best_params(self, abstract_params: Any) -> tuple[Any, dict[str, Any]] | None:
-    step = self.best.latest_step()
-    if step is None:
-      return None
-    restored = self.best.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
-    return restored.params, dict(restored.meta)
+    restored = _restore_newest(self.best, params=ocp.args.StandardRestore(abstract_params))
+    return None if restored is None else (restored.params, dict(restored.meta))
 
   def drop_best_after(self, step: int) -> None:
     """Deletes best checkpoints newer than the resumed step (a run stopped in between

@@ -385,13 +385,8 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
     shuffle_buffer: records in the shuffle buffer (after a per-epoch file shuffle).
     verify: check the sha256 of this host's shard files (once per process).
   """
-  process_index, process_count = _hosts(process_index, process_count)
-  local = _local(global_batch_size, process_count, 'global_batch_size')
-  s = shards.split(split)
-  _report_skipped(s, shards)
-  mine = s.host_shards(process_index, process_count)
-  if verify:
-    verify_checksums(mine)
+  s, mine, local, process_count = _host_split(shards, split, global_batch_size, process_index,
+                                              process_count, verify)
   num_local = sum(x.num_videos for x in mine)
   spe = steps_per_epoch(s, global_batch_size, process_count)
   auto_q = s.max_queries(local)
@@ -475,7 +470,8 @@ def eval_index(shards: ShardDataset, split: str) -> EvalIndex:
       durations=np.asarray(index['durations'], np.float32))
 
 
-def _eval_setup(shards, split, global_batch_size, process_index, process_count, verify, count):
+def _host_split(shards, split, global_batch_size, process_index, process_count, verify):
+  """(split, this host's shard files, local batch size, host count), checksums verified."""
   process_index, process_count = _hosts(process_index, process_count)
   local = _local(global_batch_size, process_count, 'global_batch_size')
   s = shards.split(split)
@@ -483,6 +479,12 @@ def _eval_setup(shards, split, global_batch_size, process_index, process_count, 
   mine = s.host_shards(process_index, process_count)
   if verify:
     verify_checksums(mine)
+  return s, mine, local, process_count
+
+
+def _eval_setup(shards, split, global_batch_size, process_index, process_count, verify, count):
+  s, mine, local, process_count = _host_split(shards, split, global_batch_size, process_index,
+                                              process_count, verify)
   most = max(sum(count(x) for x in s.host_shards(i, process_count)) for i in range(process_count))
   num_batches = -(-most // local)
   _keep_tf_off_accelerators()
