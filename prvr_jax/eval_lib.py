@@ -21,7 +21,6 @@ feeds its own block of rows.
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 import functools
-import json
 import os
 from typing import Any
 
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 import numpy as np
 
+from prvr_jax import files
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import models
 from prvr_jax import parallel
@@ -70,10 +70,6 @@ class EvalSplit:
   caption_ids: Sequence[str] = ()
 
 
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
-
 def _split_batch(batch: Mapping[str, np.ndarray], rows: int, feature_keys: Iterable[str],
                  index_key: str, mesh: Mesh) -> tuple[dict[str, jax.Array], np.ndarray]:
   """A global-view evaluation batch -> (device inputs padded to `rows`, the index column
@@ -100,8 +96,8 @@ class Evaluator:
     self.mesh = mesh
     self.video_batch_size = video_batch_size
     multiple = jax.device_count()
-    self.video_rows = _round_up(video_batch_size, multiple)
-    self.query_rows = _round_up(query_batch_size, multiple)
+    self.video_rows = parallel.round_up(video_batch_size, multiple)
+    self.query_rows = parallel.round_up(query_batch_size, multiple)
     replicated = parallel.replicated(mesh)
     sharded = parallel.sharded(mesh)
 
@@ -217,10 +213,7 @@ def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) 
   """`<output_dir>/metrics.json` (metrics + `info`) and `<output_dir>/scores.npy`."""
   os.makedirs(output_dir, exist_ok=True)
   np.save(os.path.join(output_dir, 'scores.npy'), result.scores)
-  tmp = os.path.join(output_dir, 'metrics.json.tmp')
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump({**result.metrics, **info}, f, indent=2, sort_keys=True)
-  os.replace(tmp, os.path.join(output_dir, 'metrics.json'))
+  files.write_json(os.path.join(output_dir, 'metrics.json'), {**result.metrics, **info})
 
 
 def evaluate_checkpoint(config: Any, checkpoint: str, split: str = 'test',

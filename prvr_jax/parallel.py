@@ -99,7 +99,8 @@ def pad_rows(x: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
   return np.concatenate([x, pad], axis=0)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+  """The smallest multiple of `multiple` that is >= n."""
   return -(-n // multiple) * multiple
 
 
@@ -129,7 +130,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     batch['query_video'] = (batch['query_video'].astype(np.int32)
                             + np.int32(jax.process_index() * num_videos))
     num_queries = batch['query_video'].shape[0]
-    padded = _round_up(num_queries, multiple)
+    padded = round_up(num_queries, multiple)
     for key in QUERY_KEYS:
       if key in batch:
         batch[key] = pad_rows(batch[key], padded)
@@ -157,7 +158,7 @@ def shard_global_view(tree: Any, mesh: Mesh, rows: int | None = None) -> Any:
 
   def block(x):
     x = np.asarray(x)
-    size = rows if rows is not None else _round_up(x.shape[0], jax.device_count())
+    size = rows if rows is not None else round_up(x.shape[0], jax.device_count())
     if size % jax.device_count():
       raise ValueError(f'{size} rows do not split over {jax.device_count()} devices.')
     per_process = size // count

@@ -50,6 +50,7 @@ import tqdm
 
 from prvr_jax import convert
 from prvr_jax import eval_lib
+from prvr_jax import files
 from prvr_jax import metrics
 from prvr_jax import models
 from prvr_jax import optim
@@ -510,13 +511,6 @@ def _batch_size_check(config: ml_collections.ConfigDict) -> None:
                      f'{devices} devices ({jax.process_count()} processes).')
 
 
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
 def _loggable(metrics: Mapping[str, Any]) -> dict[str, float]:
   return {k: v for k, v in metrics.items() if not k.endswith('_count') and not k.startswith('num_')}
 
@@ -535,7 +529,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpoints.check_model(config)
     writer = MetricWriter(workdir, is_main)
     if is_main:
-      _write_json(os.path.join(workdir, CONFIG_FILE), config.to_dict())
+      files.write_json(os.path.join(workdir, CONFIG_FILE), config.to_dict())
     shards = open_data(config, workdir)
     num_epochs = config.train.num_epochs
     epoch_steps = steps_per_epoch(config, shards)
@@ -586,7 +580,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
            'val_sumr': best_meta['best_sumr']}
     if is_main:
-      _write_json(os.path.join(workdir, TEST_METRICS_FILE), out)
+      files.write_json(os.path.join(workdir, TEST_METRICS_FILE), out)
     writer.write(meta['step'], 'test', _loggable(test.metrics))
     logging.info('Test, best checkpoint (epoch %d): R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f '
                  'SumR %.1f', out['best_epoch'], out['r1'], out['r5'], out['r10'], out['r100'],

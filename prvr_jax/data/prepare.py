@@ -40,6 +40,7 @@ import tensorflow_datasets as tfds
 
 from tensorflow_datasets.core import writer as tfds_writer
 
+from prvr_jax import files
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 
@@ -243,14 +244,6 @@ def sha256_file(path: str) -> str:
   return digest.hexdigest()
 
 
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
-
-
 def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Release) -> int:
   frames = sum(min(split.num_frames(v), release.max_frames) + release.num_clips
                for v in split.video_ids)
@@ -277,7 +270,7 @@ def _split_summary(split: release_lib.ReleaseSplit, moments: dict, shards: list[
 def _write_index(path: str, split: release_lib.ReleaseSplit, moments: dict) -> None:
   """Ordered ids of an eval split: videos (first appearance), captions (file order)."""
   unknown = (-1.0, -1.0, -1.0)
-  _write_json(path, {
+  files.write_json(path, {
       'video_ids': split.video_ids,
       'caption_ids': split.caption_ids,
       'caption_video_index': split.caption_video_index().tolist(),
@@ -364,12 +357,12 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
                    split.skipped[0][1])
 
     info = builder.info.splits[name]
-    files = [os.fspath(p) for p in info.filenames]
+    shard_files = [os.fspath(p) for p in info.filenames]
     lengths = list(info.shard_lengths)
     counts = [len(split.captions_of(v)) for v in split.video_ids]
     bounds = np.cumsum([0] + lengths)
     shards = []
-    for i, (fname, length) in enumerate(zip(files, lengths)):
+    for i, (fname, length) in enumerate(zip(shard_files, lengths)):
       path = os.path.join(builder.data_dir, fname)
       shards.append({
           'file': os.path.relpath(path, out_dir),
@@ -384,10 +377,10 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
         split, moments, shards, index_file, sha256_file(os.path.join(out_dir, index_file)))
     manifest['visual_dim'] = split.visual_dim
     manifest['query_dim'] = split.query_dim
-    _write_json(manifest_path, manifest)
+    files.write_json(manifest_path, manifest)
 
   manifest['complete'] = True
-  _write_json(manifest_path, manifest)
+  files.write_json(manifest_path, manifest)
   return manifest_path
 
 
