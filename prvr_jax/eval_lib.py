@@ -87,13 +87,15 @@ class Evaluator:
 
   Build once and reuse (e.g. every epoch): the jitted functions compile once per
   batch shape. Matmuls run at `matmul_precision` (float32 by default: the official
-  scores; no TF32 on GPUs).
+  scores; no TF32 on GPUs); SumR is also reported per moment-to-video group of `mv_groups`.
   """
 
   def __init__(self, model: nn.Module, mesh: Mesh, video_batch_size: int,
-               query_batch_size: int, matmul_precision: str = 'float32'):
+               query_batch_size: int, matmul_precision: str = 'float32',
+               mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS):
     self.model = model
     self.mesh = mesh
+    self.mv_groups = tuple(tuple(g) for g in mv_groups)
     self.video_batch_size = video_batch_size
     multiple = jax.device_count()
     self.video_rows = parallel.round_up(video_batch_size, multiple)
@@ -177,14 +179,18 @@ class Evaluator:
                        f'(first missing rows {np.flatnonzero(~seen)[:5].tolist()}).')
     return scores
 
-  def evaluate(self, params: Any, data: EvalSplit,
-               mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS
-               ) -> EvalResult:
+  @classmethod
+  def from_config(cls, config: Any, model: nn.Module, mesh: Mesh) -> 'Evaluator':
+    """The evaluator of `config.eval` (batch sizes, matmul precision, M/V groups)."""
+    return cls(model, mesh, config.eval.video_batch_size, config.eval.query_batch_size,
+               config.eval.matmul_precision, config.eval.mv_groups)
+
+  def evaluate(self, params: Any, data: EvalSplit) -> EvalResult:
     """Encodes, scores and computes the retrieval metrics of one split."""
     videos, columns = self.encode_videos(params, data.video_batches())
     scores = self.score_matrix(params, videos, columns, data)
     return EvalResult(metrics_lib.retrieval_metrics(scores, data.query_video,
-                                                    data.moment_ratio, mv_groups), scores)
+                                                    data.moment_ratio, self.mv_groups), scores)
 
 
 def eval_split(config: Any, shards: pipeline.ShardDataset, split: str) -> EvalSplit:
@@ -237,11 +243,8 @@ def evaluate_checkpoint(config: Any, checkpoint: str, split: str = 'test',
       output_dir = f'{os.path.splitext(checkpoint)[0]}_eval_{split}'
   # Synthetic data / prepared shards are found again in the training workdir.
   shards = train_lib.open_data(config, info['workdir'] or output_dir)
-  evaluator = Evaluator(models.get_model(config.model), mesh, config.eval.video_batch_size,
-                        config.eval.query_batch_size,
-                        config.eval.get('matmul_precision', 'float32'))
-  mv_groups = tuple(tuple(g) for g in config.eval.get('mv_groups', metrics_lib.DEFAULT_MV_GROUPS))
-  result = evaluator.evaluate(params, eval_split(config, shards, split), mv_groups)
+  evaluator = Evaluator.from_config(config, models.get_model(config.model), mesh)
+  result = evaluator.evaluate(params, eval_split(config, shards, split))
   if jax.process_index() == 0:
     write_outputs(output_dir, result, {'split': split, 'checkpoint': info['path'],
                                        'checkpoint_source': info['source'],

@@ -51,7 +51,6 @@ import tqdm
 from prvr_jax import convert
 from prvr_jax import eval_lib
 from prvr_jax import files
-from prvr_jax import metrics
 from prvr_jax import models
 from prvr_jax import optim
 from prvr_jax import parallel
@@ -157,7 +156,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
   (global L2 norm of the gradients before clipping), all replicated scalars.
   Matmuls run at `config.train.matmul_precision` ('float32' or 'bfloat16').
   """
-  precision = config.train.get('matmul_precision', 'float32')
+  precision = config.train.matmul_precision
 
   def step_fn(state: TrainState, batch: dict[str, jax.Array], use_hard_negative: jax.Array,
               nan_at_step: jax.Array):
@@ -421,7 +420,7 @@ def open_data(config: ml_collections.ConfigDict, workdir: str) -> pipeline.Shard
 
 
 def _host_sharded_reading(config: ml_collections.ConfigDict) -> bool:
-  return bool(config.data.get('host_sharded_reading', False))
+  return bool(config.data.host_sharded_reading)
 
 
 def steps_per_epoch(config: ml_collections.ConfigDict, shards: pipeline.ShardDataset) -> int:
@@ -523,7 +522,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   os.makedirs(workdir, exist_ok=True)
   mesh = parallel.make_mesh()
   model = models.get_model(config.model)
-  checkpoints = Checkpoints(workdir, config.train.get('checkpoint_keep', 1))
+  checkpoints = Checkpoints(workdir, config.train.checkpoint_keep)
   writer = None
   try:
     checkpoints.check_model(config)
@@ -558,13 +557,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                  jax.device_count(), jax.process_count(), config.train.batch_size, epoch_steps,
                  num_epochs)
 
-    evaluator = eval_lib.Evaluator(model, mesh, config.eval.video_batch_size,
-                                   config.eval.query_batch_size,
-                                   config.eval.get('matmul_precision', 'float32'))
-    mv_groups = tuple(tuple(g) for g in config.eval.get('mv_groups', metrics.DEFAULT_MV_GROUPS))
+    evaluator = eval_lib.Evaluator.from_config(config, model, mesh)
     if not meta['finished']:
       stopped = _train_epochs(config, model, mesh, tx, schedule, state, meta, epoch_steps,
-                              shards, evaluator, mv_groups, checkpoints, writer)
+                              shards, evaluator, checkpoints, writer)
       if stopped is None:
         return None
       state, meta = stopped
@@ -576,7 +572,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       params, best_meta = state.params, meta
     else:
       params, best_meta = best
-    test = evaluator.evaluate(params, eval_lib.eval_split(config, shards, 'test'), mv_groups)
+    test = evaluator.evaluate(params, eval_lib.eval_split(config, shards, 'test'))
     out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
            'val_sumr': best_meta['best_sumr']}
     if is_main:
@@ -596,15 +592,15 @@ def _train_epochs(config: ml_collections.ConfigDict, model: nn.Module, mesh: Mes
                   tx: optax.GradientTransformation, schedule: optax.Schedule,
                   state: TrainState, meta: dict[str, Any], epoch_steps: int,
                   shards: pipeline.ShardDataset, evaluator: eval_lib.Evaluator,
-                  mv_groups: tuple[tuple[float, float], ...], checkpoints: Checkpoints,
+                  checkpoints: Checkpoints,
                   writer: MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
   """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None
   when the `stop_after_steps` hook stopped it."""
   train_step = make_train_step(config, model, tx, schedule, mesh)
   val_data = eval_lib.eval_split(config, shards, 'val')
-  stop_after = int(config.train.get('stop_after_steps', 0))
-  nan_at_step = np.int32(config.train.get('inject_nan_at_step', -1))
-  every = int(config.train.get('checkpoint_every_steps', 0))
+  stop_after = int(config.train.stop_after_steps)
+  nan_at_step = np.int32(config.train.inject_nan_at_step)
+  every = int(config.train.checkpoint_every_steps)
   step = int(meta['step'])
   batches = train_batches(config, shards, step, mesh)
   for epoch in range(meta['epochs_done'], config.train.num_epochs):
@@ -632,7 +628,7 @@ def _train_epochs(config: ml_collections.ConfigDict, model: nn.Module, mesh: Mes
       log.add(*pending)
     log.close()
 
-    val = evaluator.evaluate(state.params, val_data, mv_groups).metrics
+    val = evaluator.evaluate(state.params, val_data).metrics
     improved = val['sumr'] > meta['best_sumr']
     meta = {**meta, 'step': step, 'epochs_done': epoch + 1,
             'es_count': 0 if improved else meta['es_count'] + 1}
