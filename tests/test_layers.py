@@ -7,8 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import support
 from prvr_jax.layers import (AGGREGATIONS, AttentionBlockV1, AttentionBlockV2, GMMBlock,
                              MultiHeadAttention, constraint_window, stacked_windows)
+
+# float32 Gaussian windows (max 1) vs the float64 formula. The distances between grid points
+# carry float32 rounding (~1 ulp), which the window amplifies by |dw/dd| = w |d| / sigma^2 <=
+# 0.61 / sigma: ~55 eps per ulp (6.5e-6, measured 6.25e-6) for the narrowest width 0.1
+# (sigma = 0.1 / 9). 2e-5 of the magnitude 1 allows ~2 ulps plus exp's own rounding.
+WINDOW_RTOL = 2e-5
 
 
 def _official_gaussian(length, width):
@@ -22,14 +29,14 @@ def _official_gaussian(length, width):
 
 @pytest.mark.parametrize('length,width', [(32, 0.5), (128, 1.0), (128, 0.1), (7, 5.0), (32, 0.1)])
 def test_gaussian_matches_coded_formula(length, width):
-  np.testing.assert_allclose(constraint_window('gaussian', width, length),
-                             _official_gaussian(length, width), rtol=1e-5, atol=5e-6)
+  support.assert_close(constraint_window('gaussian', width, length),
+                       _official_gaussian(length, width), rtol=WINDOW_RTOL)
 
 
 @pytest.mark.parametrize('kind', ['gaussian', 'bartlett', 'boxcar'])
 def test_row_maxima_are_one(kind):
   window = np.asarray(constraint_window(kind, 0.5, 64))
-  np.testing.assert_allclose(window.max(-1), 1.0, atol=1e-6)
+  support.assert_close(window.max(-1), np.ones(64), rtol=support.f32_rtol(1))  # w / max(w)
   assert window.min() >= 0.0
 
 
@@ -43,15 +50,19 @@ def test_boxcar_and_bartlett_values():
   np.testing.assert_array_equal(boxcar, (distance <= 0.31).astype(np.float32))
   bartlett = np.asarray(constraint_window('bartlett', width, size))
   triangle = np.maximum(1 - distance / 0.31, 0)
-  np.testing.assert_allclose(bartlett, triangle / triangle.max(-1, keepdims=True), atol=1e-6)
+  # Values in [0, 1]; float32 grid (~eps) scaled by 1 / 0.31, then a few elementwise ops.
+  support.assert_close(bartlett, triangle / triangle.max(-1, keepdims=True),
+                       rtol=support.f32_rtol(1, ops=4))
   assert np.all((bartlett > 0) <= (boxcar > 0))  # the triangle lives inside the box
 
 
 def test_paper_gaussian_is_index_unit_formula():
   window = np.asarray(constraint_window('gaussian_paper', 5.0, 16))
   i, j = 3, 7
-  assert window[i, j] == pytest.approx(math.exp(-(j - i) ** 2 / 5.0) / (2 * math.pi), rel=1e-6)
-  np.testing.assert_allclose(window, window.T)
+  # float32 exp of an exponent of -3.2 (its rounding amplified 3.2x) and a division.
+  assert window[i, j] == pytest.approx(math.exp(-(j - i) ** 2 / 5.0) / (2 * math.pi),
+                                       rel=support.f32_rtol(1, ops=4))
+  support.assert_close(window, window.T, rtol=support.f32_rtol(1))  # symmetric up to rounding
 
 
 def test_no_width_is_plain_attention_and_unknown_kind_errors():
@@ -65,8 +76,8 @@ def test_dynamic_length_equals_window_of_that_length():
   windows = np.asarray(constraint_window('gaussian', 0.5, 128, lengths))
   assert windows.shape == (3, 128, 128)
   for b, length in enumerate([128, 70, 5]):
-    np.testing.assert_allclose(windows[b, :length, :length], _official_gaussian(length, 0.5),
-                               atol=1e-6)
+    support.assert_close(windows[b, :length, :length], _official_gaussian(length, 0.5),
+                         rtol=WINDOW_RTOL)
     assert np.all(windows[b, :, length:] == 0)
   assert stacked_windows('gaussian', (None, 1.0), 128, lengths).shape == (2, 3, 128, 128)
 
@@ -80,9 +91,12 @@ def test_masked_keys_get_zero_attention():
   changed = x.at[0, 3:].set(100.0)  # only masked keys of video 0 change
   out = attention.apply(params, x, x, mask)
   out_changed = attention.apply(params, x[:, :], changed, mask)
-  np.testing.assert_allclose(out[0], out_changed[0], atol=1e-6)
+  # O(1) outputs; reductions over 8 features / 6 keys, ~4 chained ops. A leak of the changed
+  # keys (100.0) would move them by O(1).
+  rtol = support.f32_rtol(8, ops=4)
+  support.assert_close(out[0], out_changed[0], rtol=rtol)
   ones = jnp.ones((6, 6))
-  np.testing.assert_allclose(attention.apply(params, x, x, mask, ones), out, atol=1e-6)
+  support.assert_close(attention.apply(params, x, x, mask, ones), out, rtol=rtol)
 
 
 @pytest.mark.parametrize('block_cls', [AttentionBlockV1, AttentionBlockV2])
@@ -130,7 +144,9 @@ def test_gmm_branches_are_independent_blocks():
   single = AttentionBlockV1(num_heads=2)
   outputs = [single.apply({'params': jax.tree_util.tree_map(lambda p: p[k], stacked)}, x,
                           key_mask=mask, window=windows[k]) for k in range(len(widths))]
-  np.testing.assert_allclose(block.apply(params, x, mask), np.mean(outputs, 0), atol=1e-5)
+  # O(1) LayerNorm outputs after ~6 chained ops with reductions over <= 12 keys / 8 features.
+  support.assert_close(block.apply(params, x, mask), np.mean(outputs, 0),
+                       rtol=support.f32_rtol(12, ops=6))
   assert not np.allclose(outputs[0], outputs[1])
 
 
@@ -148,7 +164,9 @@ def test_temporal_consolidation_weights_sum_to_one():
                           aggregation='temporal_consolidation', temperature=0.09)
   single = AttentionBlockV2(2).apply(
       {'params': jax.tree_util.tree_map(lambda p: p[0], params['params']['branches'])}, x)
-  np.testing.assert_allclose(same_windows.apply(same, x, None, None, token), single, atol=1e-5)
+  # O(1) outputs after ~8 chained ops (attention, FFN of width 32, consolidation softmax).
+  support.assert_close(same_windows.apply(same, x, None, None, token), single,
+                       rtol=support.f32_rtol(32, ops=8))
   with pytest.raises(ValueError, match='query token'):
     block.apply(params, x)
 
@@ -165,7 +183,9 @@ def test_folded_single_query_attention_equals_projected_keys():
   folded = attention.apply(params, token, keys, mask)
   # Sixteen query copies per video exceed the folding threshold: the keys are projected.
   projected = attention.apply(params, jnp.repeat(token, 16, axis=1), keys, mask)[:, :1]
-  np.testing.assert_allclose(folded, projected, rtol=1e-5, atol=1e-5)
+  # Another association of the key projection (q W_k^T) x vs q (W_k x): O(1) outputs,
+  # reductions over 16 features / 20 keys, ~4 chained ops.
+  support.assert_close(folded, projected, rtol=support.f32_rtol(20, ops=4))
 
 
 def test_dropout_rate_scaling_and_independence():
@@ -174,6 +194,7 @@ def test_dropout_rate_scaling_and_independence():
   dropout = Dropout(0.2)
   y = np.asarray(dropout.apply({}, x, False, rngs={'dropout': jax.random.key(0)}))
   assert set(np.unique(y)) == {0.0, 1.25}
+  # Sampling bounds on counts of threefry bits (identical on every platform), not rounding.
   assert abs((y == 0).mean() - 0.2) < 0.005  # 200k draws: 5 standard deviations is 0.0045
   z = np.asarray(dropout.apply({}, x, False, rngs={'dropout': jax.random.key(1)}))
   assert abs(((y == 0) & (z == 0)).mean() - 0.04) < 0.003  # independent masks per key

@@ -1,7 +1,8 @@
 """One device vs 4 devices in one process vs 2 processes x 2 devices (jax.distributed, gloo).
 
-The same tiny run (global batch 8) must end with the same parameters (within 1e-5) and the
-same validation and test metrics on every topology. Each run is a train.py subprocess.
+The same tiny run (global batch 8) must end with the same parameters (within 1e-5 of each
+tensor's magnitude) and the same validation and test metrics on every topology. Each run is a
+train.py subprocess.
 """
 
 import json
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+import support
 from test_train import REPO, cli_env, load_latest_params, read_jsonl, run_cli
 # Session fixtures shared with test_train.py.
 from test_train import config_path, tiny_data, xla_cache  # pylint: disable=unused-import
@@ -55,6 +57,7 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, config_path, tiny_dat
 
   reference, step = load_latest_params(runs['one_device'], config_path)
   reference_test = json.loads((runs['one_device'] / 'test_metrics.json').read_text())
+  largest = max(np.abs(a).max() for a in jax.tree.leaves(reference))
   for name in ('four_devices', 'two_hosts'):
     params, other_step = load_latest_params(runs[name], config_path)
     assert other_step == step
@@ -62,7 +65,19 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, config_path, tiny_dat
       b = params
       for key in path:
         b = b[key.key]
-      np.testing.assert_allclose(b, a, rtol=0, atol=1e-5, err_msg=f'{name} {path}')
+      # Gradients all-reduced in another order: float32 rounding, compounded over 6 steps of
+      # Adam: 1e-5 (~80 eps) of each tensor's magnitude (up to 1.0; biases that start at 0
+      # hold what 6 steps added, ~4e-3). Tensors with (nearly) vanishing gradients
+      # (attention key biases: softmax is shift invariant, exactly so without a window) hold
+      # little more than rounding noise (1e-10 to 1e-4), which differs wholly between
+      # topologies; as in the parity gradient check, their magnitude is taken as at least 1e-3
+      # of the largest parameter.
+      scale = max(np.abs(a).max(), 1e-3 * largest)
+      support.assert_close(b, a, rtol=1e-5, scale=scale, err_msg=f'{name} {path}')
+    # Metrics stay exact: the topologies' scores differ by ~1e-7 (1-2 ulps), while at every
+    # recall boundary the gap between a ground truth's score and the neighbour that could cross
+    # it is >= 500x twice that (measured on the tiny run: test v2t 1.2e-4, t2v 1.2e-3, val
+    # >= 2.3e-3), so no rank flips, on any CPU kind.
     test = json.loads((runs[name] / 'test_metrics.json').read_text())
     for key in ('r1', 'r5', 'r10', 'r100', 'sumr', 'v2t_sumr', 'step'):
       assert test[key] == reference_test[key], (name, key)
@@ -72,6 +87,7 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, config_path, tiny_dat
         assert a[key] == b[key], (name, key)
     for a, b in zip(_records(runs[name], 'train'), _records(runs['one_device'], 'train'),
                     strict=True):
+      # A sum of positive O(1) terms: relative (measured <= 6.3e-8 between topologies).
       assert a['loss'] == pytest.approx(b['loss'], rel=1e-5), name
 
 

@@ -162,6 +162,7 @@ def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cach
           f'--output_dir={out}', cache_dir=xla_cache)
   metrics = json.loads((out / 'metrics.json').read_text())
   test = json.loads((reference_run / 'test_metrics.json').read_text())
+  # Exact: the same eval programs on the same checkpoint, on the same machine.
   for key in ('r1', 'r5', 'r10', 'r100', 'sumr', 'v2t_sumr'):
     assert metrics[key] == test[key]
   assert metrics['checkpoint'].endswith(f'best/{test["step"]}')
@@ -186,6 +187,7 @@ def test_resume_after_stop_and_torn_checkpoint(reference_run, config_path, tiny_
   (torn / 'state' / 'partial').write_bytes(b'\0' * 100)
 
   run_cli('train.py', *args, cache_dir=xla_cache)
+  # Exact: the same programs on the same machine replay the same steps (bit-identical resume).
   assert (json.loads((workdir / 'test_metrics.json').read_text())
           == json.loads((reference_run / 'test_metrics.json').read_text()))
   assert (comparable(read_jsonl(workdir / 'metrics.jsonl'))
