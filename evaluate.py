@@ -32,9 +32,9 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   parallel.initialize_distributed_from_flags()
-  from prvr_jax import eval_lib  # pylint: disable=g-import-not-at-top
-  from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top
-  train_lib.quiet_library_logs()
+  from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  checkpoint.quiet_library_logs()
   eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value)
 
 

@@ -30,11 +30,11 @@ def main(argv: list[str]) -> None:
   parallel.initialize_distributed_from_flags()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
-  from prvr_jax import train_lib  # pylint: disable=g-import-not-at-top
-  train_lib.quiet_library_logs()
+  from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top
+  checkpoint.quiet_library_logs()
   try:
-    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except train_lib.NonFiniteLossError as e:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except train.NonFiniteLossError as e:
     logging.error('%s', e)
     sys.exit(f'train.py: {e}')
 

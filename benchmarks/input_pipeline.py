@@ -7,7 +7,7 @@ Generates a TVR-like shard set in a temporary folder (3072-d frame and 768-d tok
 features, 5 captions per video, 30-150 frames, through the real release -> prepare
 path), reads it with `pipeline.train_iterator` at the paper's batch (128 videos),
 and reports batches/s after a warm-up. It then times one jitted training step of
-GMMFormer v2 (`configs/gmmformer_v2.py:tvr`, `train_lib.make_train_step`) on the
+GMMFormer v2 (`configs/gmmformer_v2.py:tvr`, `prvr_jax.train.make_train_step`) on the
 first of those batches, and prints step time / batch time: the pipeline must not be
 the bottleneck (target: at least 3x). The full-size step at 128 videos needs more than
 19 GB of host memory on CPU; `--step_batch` times the step at a smaller batch instead
@@ -60,24 +60,21 @@ def first_batch(shards: pipeline.ShardDataset, batch_size: int) -> dict[str, np.
 def time_train_step(batch: dict[str, np.ndarray]) -> tuple[float, str]:
   """Median seconds of one jitted GMMFormer v2 training step on `batch`."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from prvr_jax import models, parallel, train_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax import parallel  # pylint: disable=g-import-not-at-top
+  import train_step  # pylint: disable=g-import-not-at-top  (benchmarks/train_step.py)
 
   config = _CONFIG.value
   config.train.batch_size = len(batch['video_valid'])
   mesh = parallel.make_mesh()
-  model = models.get_model(config.model)
-  tx, schedule = train_lib.make_optimizer(config, total_steps=1000)
-  state = train_lib.create_train_state(config, model, tx, mesh)
-  step = train_lib.make_train_step(config, model, tx, schedule, mesh)
+  state, step = train_step.build(config, mesh)
   batch = parallel.global_batch(batch, mesh)
-  hard, no_nan = jnp.asarray(False), jnp.int32(-1)
-  state, metrics = step(state, batch, hard, no_nan)  # compile + first run
+  epoch = np.int32(0)
+  state, metrics = step(state, batch, epoch)  # compile + first run
   jax.block_until_ready(metrics)
   times = []
   for _ in range(_STEPS.value):
     start = time.perf_counter()
-    state, metrics = step(state, batch, hard, no_nan)
+    state, metrics = step(state, batch, epoch)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   return float(np.median(times)), f'{jax.devices()[0].device_kind} x{jax.device_count()}'

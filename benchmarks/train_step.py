@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
-from prvr_jax import models, parallel, train_lib
+from prvr_jax import models, parallel, train
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/gmmformer_v2.py:tvr',
                                           'Model config file[:variant].')
@@ -29,14 +29,19 @@ _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 
 
 def random_batch(config_model, num_videos: int, captions: int, seed: int = 0):
+  """Full-length videos, captions of 8..max_query_len tokens."""
   rng = np.random.default_rng(seed)
-  batch = models.example_batch(config_model, num_videos, captions)
-  for key in ('clip_feats', 'frame_feats', 'query_feats'):
-    batch[key] = rng.normal(size=batch[key].shape).astype(np.float32)
-  lengths = rng.integers(8, config_model.max_query_len + 1, size=num_videos * captions)
-  batch['query_mask'] = (np.arange(config_model.max_query_len)[None] < lengths[:, None]).astype(
-      np.float32)
-  return batch
+  query_lengths = rng.integers(8, config_model.max_query_len + 1, size=num_videos * captions)
+  return models.random_batch(config_model, rng, (config_model.max_frames,) * num_videos,
+                             tuple(query_lengths), captions)
+
+
+def build(config, mesh):
+  """(fresh train state, jitted train step) of `config` on `mesh`."""
+  tx, schedule = train.make_optimizer(config, total_steps=1000)
+  state = train.create_train_state(config, tx, mesh)
+  step = train.make_train_step(config, models.get_spec(config.model), tx, schedule, mesh)
+  return state, step
 
 
 def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
@@ -53,23 +58,20 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
 
 def time_step(config, num_videos: int) -> dict[str, float]:
   mesh = parallel.make_mesh()
-  model = models.get_model(config.model)
-  tx, schedule = train_lib.make_optimizer(config, total_steps=1000)
-  state = train_lib.create_train_state(config, model, tx, mesh)
-  step = train_lib.make_train_step(config, model, tx, schedule, mesh)
+  state, step = build(config, mesh)
   batch = parallel.global_batch(random_batch(config.model, num_videos, _CAPTIONS.value), mesh)
-  args = (jnp.asarray(False), jnp.asarray(-1))  # no hard negatives, no injected NaN
-  compiled = step.lower(state, batch, *args).compile()
+  epoch = np.int32(0)  # before the hard-negative epoch
+  compiled = step.lower(state, batch, epoch).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get('flops', 0.0))
   for _ in range(_WARMUP.value):
-    state, metrics = step(state, batch, *args)
+    state, metrics = step(state, batch, epoch)
   jax.block_until_ready(metrics)
   times = []
   for _ in range(_STEPS.value):
     start = time.perf_counter()
-    state, metrics = step(state, batch, *args)
+    state, metrics = step(state, batch, epoch)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   seconds = float(np.median(times))

@@ -99,18 +99,11 @@ def random_scores(num_queries: int, num_videos: int, seed: int = 0) -> np.ndarra
   return np.random.default_rng(seed).random((num_queries, num_videos), dtype=np.float32)
 
 
-def moment_ratio(index: pipeline.EvalIndex) -> np.ndarray | None:
-  """`[Nq]` moment length / video length of each caption, or None without spans."""
-  if not index.has_spans:
-    return None
-  return (index.spans[:, 1] - index.spans[:, 0]) / index.durations
-
-
 def evaluate(shards: pipeline.ShardDataset, split: str = 'test',
              mv_groups=metrics_lib.DEFAULT_MV_GROUPS) -> dict[str, dict[str, float]]:
   """Metrics of the random and mean-pooled rankers on `split` (M/V groups when spans are known)."""
   index = pipeline.eval_index(shards, split)
-  ratio = moment_ratio(index)
+  ratio = index.moment_ratio
   scores, l2 = mean_pooled_scores(shards, split)
   out = {}
   for name, s in (('random', random_scores(len(index.caption_ids), len(index.video_ids))),

@@ -1,9 +1,15 @@
-"""Config pieces shared by every model config in configs/ (same key names across models).
+"""Config building shared by the model configs in configs/ (the same key names for every model).
 
-A model config file builds `get_base_config()` and fills `config.model`/`config.loss`
-with its own fields and per-dataset values from `DATASETS`.
+The base config (`get_base_config`) holds the keys every model uses: the model's name and
+input dims, the optimiser, training, evaluation and data settings. A model config file adds
+its own `config.model` / `config.loss` fields and picks its per-dataset values from a dict
+of named variants (dotted keys), through `build_config`:
+
+  def get_config(arg=None):
+    return config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET)
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -20,6 +26,22 @@ DATASETS: dict[str, dict[str, Any]] = {
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
 SYNTHETIC_DIMS = dict(visual_dim=256, query_dim=128)
 
+# Model fields of the MS-SL lineage (MS-SL, GMMFormer, GMMFormer v2): the release's input
+# lengths (30 tokens, 128 frames, 32 clips), width 384, 4 heads, 0.7 / 0.3 score fusion.
+MS_SL_LINEAGE: dict[str, Any] = dict(
+    hidden_dim=384, num_heads=4, max_query_len=30, max_frames=128, num_clips=32,
+    clip_score_weight=0.7, frame_score_weight=0.3)
+
+# Run sizes of the small variants (keys of the base config): `synthetic` is sized so that the
+# main job (README command 1) ends in minutes on 2 CPU cores, `tiny` is the CI smoke run.
+SMALL_VARIANTS: dict[str, dict[str, Any]] = {
+    'synthetic': {'train.batch_size': 64, 'train.num_epochs': 5, 'train.patience': 100,
+                  'train.log_every_steps': 10},
+    'tiny': {'train.batch_size': 8, 'train.num_epochs': 2, 'train.patience': 100,
+             'train.log_every_steps': 1, 'eval.query_batch_size': 16,
+             'eval.video_batch_size': 8},
+}
+
 
 def parse_variant(arg: str | None) -> str:
   """Returns the variant named by the `:arg` of `--config=file.py:arg` (default synthetic)."""
@@ -32,32 +54,20 @@ def parse_variant(arg: str | None) -> str:
 
 
 def get_base_config(variant: str) -> ml_collections.ConfigDict:
-  """Fields every model shares; per-dataset model/loss values are filled by the caller."""
+  """The keys every model uses, for `variant`'s data."""
+  dims = DATASETS.get(variant, SYNTHETIC_DIMS)
   config = ml_collections.ConfigDict()
   config.variant = variant
 
   config.model = ml_collections.ConfigDict()
   config.model.name = ''
-  config.model.hidden_dim = 384
-  config.model.num_heads = 4
-  config.model.max_query_len = 30
-  config.model.max_frames = 128
-  config.model.num_clips = 32
-  config.model.window = 'gaussian'
-  config.model.clip_score_weight = 0.7
-  config.model.frame_score_weight = 0.3
-  if variant in DATASETS:
-    config.model.visual_dim = DATASETS[variant]['visual_dim']
-    config.model.query_dim = DATASETS[variant]['query_dim']
-  else:
-    config.model.visual_dim = SYNTHETIC_DIMS['visual_dim']
-    config.model.query_dim = SYNTHETIC_DIMS['query_dim']
+  config.model.visual_dim = dims['visual_dim']
+  config.model.query_dim = dims['query_dim']
 
-  config.loss = ml_collections.ConfigDict()
-  config.loss.hard_pool_size = 20
+  config.loss = ml_collections.ConfigDict()  # the model's loss weights and settings
 
   config.optim = ml_collections.ConfigDict()
-  config.optim.name = 'bert_adam'
+  config.optim.name = 'bert_adam'  # the model config sets optim.lr
   config.optim.warmup_proportion = 0.01
   config.optim.weight_decay = 0.01
   config.optim.max_grad_norm = 1.0
@@ -69,14 +79,14 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.train.seed = 9527
   config.train.log_every_steps = 50
   config.train.checkpoint_keep = 1
+  config.train.checkpoint_every_steps = 0  # 0: at the end of every epoch only
+  # Save and stop after this global step (0: never), e.g. to fit a job's time limit; running
+  # again with the same workdir continues exactly.
+  config.train.stop_after_steps = 0
   # Precision of matmuls/einsums in the train step: 'float32' (exact parity with the official
   # code; also stops TF32 on GPUs) or 'bfloat16' (bf16 passes, f32 accumulation: faster on CPUs
   # with AVX512-BF16, GPUs and TPUs).
   config.train.matmul_precision = 'float32'
-  config.train.checkpoint_every_steps = 0  # 0: at the end of every epoch only
-  # Test hooks: stop after this many steps (0: never) / make the loss NaN at this step (-1: never).
-  config.train.stop_after_steps = 0
-  config.train.inject_nan_at_step = -1
 
   config.eval = ml_collections.ConfigDict()
   config.eval.query_batch_size = 50
@@ -104,23 +114,30 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   return config
 
 
-def apply_small_variant(config: ml_collections.ConfigDict) -> None:
-  """Sizes for the embedded synthetic benchmark (`synthetic`) and the CI smoke run (`tiny`)."""
-  if config.variant == 'synthetic':
-    # Sized so that the main job (README command 1) ends in minutes on 2 CPU cores.
-    config.model.hidden_dim = 64
-    config.train.batch_size = 64
-    config.train.num_epochs = 5
-    config.train.patience = 100
-    config.train.log_every_steps = 10
-    config.loss.hard_negative_start_epoch = 3
-  elif config.variant == 'tiny':
-    config.model.hidden_dim = 32
-    config.model.num_heads = 4
-    config.train.batch_size = 8
-    config.train.num_epochs = 2
-    config.train.patience = 100
-    config.train.log_every_steps = 1
-    config.loss.hard_negative_start_epoch = 1
-    config.eval.query_batch_size = 16
-    config.eval.video_batch_size = 8
+def apply_overrides(config: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
+  """Sets `section.key` entries of `values` (the section must exist)."""
+  for dotted, value in values.items():
+    section, _, key = dotted.rpartition('.')
+    if section not in config:
+      raise KeyError(f'config has no section {section!r} (setting {dotted!r})')
+    config[section][key] = value
+
+
+def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, Any],
+                 per_dataset: Mapping[str, Mapping[str, Any]]) -> ml_collections.ConfigDict:
+  """The config of one model for the variant `arg`.
+
+  Args:
+    arg: the `:arg` of `--config=file.py:arg` (see `parse_variant`).
+    model: the model's `config.model` fields (its `name` among them).
+    loss: the model's `config.loss` fields common to every variant.
+    per_dataset: variant -> dotted-key values (`{'optim.lr': 3e-4, 'loss.margin': 0.1}`),
+      one entry per variant in `VARIANTS`.
+  """
+  variant = parse_variant(arg)
+  config = get_base_config(variant)
+  config.model.update(model)
+  config.loss.update(loss)
+  apply_overrides(config, per_dataset[variant])
+  apply_overrides(config, SMALL_VARIANTS.get(variant, {}))
+  return config

@@ -1,4 +1,4 @@
-r"""Official PyTorch checkpoints <-> prvr_jax parameters (GMMFormer v1 / v2).
+r"""Official PyTorch checkpoints <-> prvr_jax parameters, for every model with an official format.
 
 Reading: `load_torch_checkpoint` accepts the official `best.ckpt` (a dict with `state_dict`,
 written by the official `save_ckpt`) or a bare state_dict file. With torch installed it uses
@@ -8,9 +8,10 @@ globals admitted are the tensor-rebuild functions, storage types and `OrderedDic
 official BertAdam schedule classes (stored in `optimizer.param_groups`), which are replaced by
 an inert placeholder.
 
-Mapping (`torch_to_params` / `params_to_torch`): Dense kernels are torch `weight.T`, LayerNorm
-`scale`/`bias` are torch `weight`/`bias`, the K parallel blocks `attn0..attnK-1` of a GMM block
-are stacked on the leading axis of `branches`, v2's `weight_token` [1, 1, D] is stored as [D].
+Mapping (`torch_to_params` / `params_to_torch`): each model declares its name map
+(`ModelSpec.official`, built from `prvr_jax.models.torch_names`): Dense kernels are torch
+`weight.T`, LayerNorm `scale`/`bias` are torch `weight`/`bias`, the K parallel blocks
+`attn0..attnK-1` of a GMM block are stacked on the leading axis of `branches`.
 
   python -m prvr_jax.convert --model=gmmformer_v2 --checkpoint=best.ckpt --out=params.msgpack
   python -m prvr_jax.convert --model=gmmformer_v2 --params=params.msgpack --out=state_dict.npz
@@ -27,6 +28,9 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+
+from prvr_jax.models import registry
+from prvr_jax.models.spec import OfficialCheckpoint
 
 # ---------------------------------------------------------------------------------------------
 # Reading torch checkpoints.
@@ -218,103 +222,6 @@ def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str,
 # ---------------------------------------------------------------------------------------------
 # Name mapping.
 
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-  """One leaf of our params and its official tensor(s).
-
-  `names` has one torch name, or K names stacked on our leading axis (GMM block branches);
-  `kind` is 'copy', 'transpose' (Dense kernel = weight.T) or 'reshape' (weight_token).
-  """
-  path: tuple[str, ...]
-  names: tuple[str, ...]
-  kind: str = 'copy'
-  stacked: bool = False
-
-
-def _dense(path, name, bias=True):
-  leaves = [_Leaf(path + ('kernel',), (name + '.weight',), 'transpose')]
-  if bias:
-    leaves.append(_Leaf(path + ('bias',), (name + '.bias',)))
-  return leaves
-
-
-def _norm(path, name):
-  return [_Leaf(path + ('scale',), (name + '.weight',)), _Leaf(path + ('bias',), (name + '.bias',))]
-
-
-def _input_proj(path, name):
-  return _norm(path + ('norm',), name + '.LayerNorm') + _dense(path + ('dense',), name + '.net.1')
-
-
-def _pos_embed(path, name):
-  return ([_Leaf(path + ('embedding',), (name + '.position_embeddings.weight',))]
-          + _norm(path + ('norm',), name + '.LayerNorm'))
-
-
-def _block(path, name, version):
-  """An official `BertAttention` (v1) / v2 `BertAttention` or `BertCrossAttention`."""
-  leaves = []
-  for proj in ('query', 'key', 'value'):
-    leaves += _dense(path + ('attention', proj), f'{name}.self.{proj}')
-  if version == 'v1':
-    return (leaves + _dense(path + ('output',), name + '.output.dense')
-            + _norm(path + ('norm',), name + '.output.LayerNorm'))
-  return (leaves + _norm(path + ('norm1',), name + '.norm1')
-          + _dense(path + ('ffn_in',), name + '.output.layer1')
-          + _dense(path + ('ffn_out',), name + '.output.layer2')
-          + _norm(path + ('norm2',), name + '.norm2'))
-
-
-def _gmm_block(path, name, version, num_branches):
-  """v1 `GMMBlock` (branches only) or v2 `DyGMMBlock` (branches + temporal consolidation)."""
-  leaves = [_Leaf(leaf.path, tuple(leaf.names[0].replace('{k}', str(k))
-                                   for k in range(num_branches)), leaf.kind, stacked=True)
-            for leaf in _block(path + ('branches',), name + '.attn{k}', version)]
-  if version == 'v2':
-    leaves += (_block(path + ('cross',), name + '.ca', 'v2')
-               + _dense(path + ('mix_hidden',), name + '.layer1')
-               + _dense(path + ('mix_out',), name + '.layer2'))
-  return leaves
-
-
-MODEL_NAMES = ('gmmformer', 'gmmformer_v2')
-
-
-def _spec(model_name: str, num_branches: int) -> list[_Leaf]:
-  """Every leaf of the official architecture `model_name` with its torch name(s)."""
-  if model_name not in MODEL_NAMES:
-    raise ValueError(f'Unknown model {model_name!r}; convertible models: {MODEL_NAMES}')
-  version = 'v1' if model_name == 'gmmformer' else 'v2'
-  leaves = (_input_proj(('query', 'input_proj'), 'query_input_proj')
-            + _pos_embed(('query', 'pos_embed'), 'query_pos_embed')
-            + _block(('query', 'encoder'), 'query_encoder', version)
-            + _dense(('query', 'pooling', 'score'), 'modular_vector_mapping', bias=False)
-            + _input_proj(('clip', 'input_proj'), 'clip_input_proj')
-            + _pos_embed(('clip', 'pos_embed'), 'clip_pos_embed')
-            + _input_proj(('frame', 'input_proj'), 'frame_input_proj')
-            + _pos_embed(('frame', 'pos_embed'), 'frame_pos_embed'))
-  gmm = lambda path, name: _gmm_block(path, name, version, num_branches)
-  if version == 'v1':
-    leaves += (gmm(('clip', 'encoder_0'), 'clip_encoder')
-               + gmm(('clip', 'encoder_1'), 'clip_encoder_2')
-               + gmm(('frame', 'encoder_0'), 'frame_encoder_1')
-               + gmm(('frame', 'encoder_1'), 'frame_encoder_2')
-               + _dense(('video_pooling', 'score'), 'modular_vector_mapping_2', bias=False))
-  else:
-    leaves += (gmm(('clip', 'encoder_0'), 'clip_encoder')
-               + gmm(('frame', 'encoder_0'), 'frame_encoder_1')
-               + [_Leaf(('weight_token',), ('weight_token',), 'reshape')])
-  return leaves
-
-
-def _num_branches(params: Any) -> int:
-  """K, the leading axis of the stacked GMM-block branches (0 if there are none)."""
-  for path, leaf in _flatten(params).items():
-    if 'branches' in path:
-      return int(np.shape(leaf)[0])
-  return 0
-
-
 def _flatten(tree: Any) -> dict[tuple[str, ...], Any]:
   return {tuple(str(getattr(k, 'key', k)) for k in path): leaf
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
@@ -350,34 +257,26 @@ def _fmt(path: tuple[str, ...]) -> str:
   return '/'.join(path)
 
 
+def official_format(model_name: str) -> OfficialCheckpoint:
+  """The official-checkpoint description of a registered model; errors for models without."""
+  spec = registry.get_spec(model_name)
+  if spec.official is None:
+    raise ValueError(f'{model_name} has no official PyTorch checkpoint format; convertible '
+                     f'models: {convertible_models()}')
+  return spec.official
+
+
+def convertible_models() -> list[str]:
+  """Registered models that read official PyTorch checkpoints."""
+  return [n for n in registry.names() if registry.get_spec(n).official is not None]
+
+
 def infer_model_config(state_dict: dict[str, np.ndarray],
                        model_name: str) -> ml_collections.ConfigDict:
-  """A `config.model` with the dims of an official state_dict (num_heads cannot be inferred
-  from shapes and keeps its default 4; widths are the official defaults)."""
-  from prvr_jax.models import MODELS  # pylint: disable=g-import-not-at-top
-  state_dict = _strip_module_prefix(state_dict)
-
-  def dim(name, axis):
-    if name not in state_dict:
-      raise ValueError(f'cannot infer the {model_name} config: the state_dict has no {name!r}')
-    return int(state_dict[name].shape[axis])
-
-  config = ml_collections.ConfigDict(dict(
-      name=model_name,
-      visual_dim=dim('clip_input_proj.LayerNorm.weight', 0),
-      query_dim=dim('query_input_proj.LayerNorm.weight', 0),
-      hidden_dim=dim('query_input_proj.net.1.weight', 0),
-      max_query_len=dim('query_pos_embed.position_embeddings.weight', 0),
-      max_frames=dim('frame_pos_embed.position_embeddings.weight', 0),
-      num_clips=dim('clip_encoder.layer2.weight', 0) if model_name == 'gmmformer_v2' else 32,
-      num_heads=4))
-  num_branches = len({m.group(1) for k in state_dict
-                      if (m := re.match(r'clip_encoder\.attn(\d+)\.', k))})
-  default_widths = MODELS[model_name].widths if model_name in MODELS else ()
-  if num_branches != len(default_widths):
-    raise ValueError(f'the state_dict has {num_branches} attention branches per GMM block, '
-                     f'{model_name} has {len(default_widths)}; pass config_model with widths')
-  return config
+  """A `config.model` with the dims an official state_dict determines (the model's defaults
+  for the rest)."""
+  fields = official_format(model_name).infer_config(_strip_module_prefix(state_dict))
+  return ml_collections.ConfigDict({'name': model_name, **fields})
 
 
 def _strip_module_prefix(state_dict: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -395,7 +294,6 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
   our model's init for `config_model` (default: `infer_model_config`). Raises one ValueError
   listing all missing, unused and mis-shaped keys.
   """
-  from prvr_jax.models import param_shapes  # pylint: disable=g-import-not-at-top
   state_dict = _strip_module_prefix(dict(state_dict))
   if config_model is None:
     config_model = infer_model_config(state_dict, model_name)
@@ -405,11 +303,12 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
   if config_model.get('name', model_name) != model_name:
     raise ValueError(f'config_model.name {config_model.name!r} != model_name {model_name!r}')
   config_model.name = model_name
-  expected = _flatten(param_shapes(config_model))
-  spec = _spec(model_name, _num_branches(_unflatten(expected)))
+  shapes = registry.get_spec(model_name).param_shapes(config_model)
+  expected = _flatten(shapes)
+  leaves = official_format(model_name).names(shapes)
 
   flat, missing, misshaped, used = {}, [], [], set()
-  for leaf in spec:
+  for leaf in leaves:
     want = expected.get(leaf.path)
     if want is None:
       missing.append(f'our {_fmt(leaf.path)} (for torch {leaf.names[0]}) is not a parameter '
@@ -432,7 +331,7 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
       flat[leaf.path] = np.stack(arrays) if leaf.stacked else arrays[0]
   unused = [f'{k} {tuple(np.shape(v))}' for k, v in state_dict.items() if k not in used]
   unmapped = [f'{_fmt(p)} {tuple(s.shape)}' for p, s in expected.items()
-              if p not in {leaf.path for leaf in spec}]
+              if p not in {leaf.path for leaf in leaves}]
   problems = [(title, items) for title, items in (
       ('missing torch keys', missing), ('unused torch keys', unused),
       ('mis-shaped torch keys', misshaped),
@@ -447,15 +346,15 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
 def params_to_torch(params: Any, model_name: str) -> dict[str, np.ndarray]:
   """Our params tree -> official state_dict (torch names -> numpy arrays, torch layouts)."""
   flat = {path: np.asarray(leaf) for path, leaf in _flatten(params).items()}
-  spec = _spec(model_name, _num_branches(params))
-  known = {leaf.path for leaf in spec}
+  leaves = official_format(model_name).names(params)
+  known = {leaf.path for leaf in leaves}
   if set(flat) != known:
     raise ValueError(
         f'params do not match the official {model_name}: missing '
         f'{sorted(_fmt(p) for p in known - set(flat))}, '
         f'without an official counterpart {sorted(_fmt(p) for p in set(flat) - known)}')
   out = {}
-  for leaf in spec:
+  for leaf in leaves:
     array = flat[leaf.path]
     parts = list(array) if leaf.stacked else [array]
     torch_shape = (1, 1) + array.shape if leaf.kind == 'reshape' else None
@@ -470,10 +369,10 @@ def torch_names(params: Any, model_name: str) -> Any:
   Stacked branch leaves stand for `attn0..attnK-1` and are named with `attn*`, e.g.
   'clip_encoder.attn*.self.query.weight'. Leaves with no official counterpart (ablation
   options such as the `weighted` aggregation's `branch_logits`) keep their own path joined
-  with dots, so name-based rules (the BertAdam weight-decay groups) still apply to them.
+  with dots.
   """
   names = {leaf.path: (re.sub(r'attn0\.', 'attn*.', leaf.names[0], count=1) if leaf.stacked
-                       else leaf.names[0]) for leaf in _spec(model_name, _num_branches(params))}
+                       else leaf.names[0]) for leaf in official_format(model_name).names(params)}
 
   def name_of(path, _):
     key = tuple(str(getattr(k, 'key', k)) for k in path)
@@ -513,7 +412,7 @@ def main(argv):
 
 if __name__ == '__main__':
   from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flags.DEFINE_enum('model', None, list(MODEL_NAMES), 'model name', required=True)
+  flags.DEFINE_enum('model', None, convertible_models(), 'model name', required=True)
   flags.DEFINE_string('checkpoint', None, 'official best.ckpt or state_dict file to convert')
   flags.DEFINE_string('params', None, 'flax msgpack params to export to torch names')
   flags.DEFINE_string('out', None, '.msgpack (import); .npz or a torch file (export)',

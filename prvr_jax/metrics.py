@@ -76,25 +76,40 @@ def recalls(rank: np.ndarray, ks: Sequence[int] = RECALL_KS,
   return out
 
 
-def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
-                      moment_ratio: np.ndarray | None = None,
-                      mv_groups: Sequence[tuple[float, float]] = DEFAULT_MV_GROUPS,
-                      ) -> dict[str, float]:
-  """Text-to-video and video-to-text metrics of a full score matrix.
+def moment_ratio(spans: np.ndarray, durations: np.ndarray) -> np.ndarray:
+  """`[N]` moment length / video length in [0, 1]; NaN where unknown.
+
+  The one definition used by data, evaluation and baselines. A moment whose annotated end
+  lies past the video's end (annotation noise) counts as the whole video; an inverted span
+  counts as length 0.
 
   Args:
-    scores: [Nq, Nv] query-video scores (rows queries, columns videos).
-    query_video: [Nq] int, ground-truth column of each query.
-    moment_ratio: optional [Nq] float, the query's moment length / video length
-      (NaN where unknown). When given, adds the text-to-video SumR of each M/V
-      group `(lo, hi]` as `mv_<lo>_<hi>_sumr` and its query count `mv_<lo>_<hi>_count`.
-    mv_groups: the `(lo, hi]` groups.
-
-  Returns:
-    Flat dict: t2v `r1, r5, r10, r100, sumr`; v2t `v2t_r1, ..., v2t_sumr` (a video's
-    rank is that of its best-ranked query; videos without a query are skipped);
-    `num_queries`, `num_videos`.
+    spans: `[N, 2]` (start, end) in seconds, start < 0 = unknown.
+    durations: `[N]` duration of each moment's video in seconds, <= 0 = unknown.
   """
+  spans = np.asarray(spans, np.float64).reshape(-1, 2)
+  durations = np.asarray(durations, np.float64)
+  known = (durations > 0) & (spans[:, 0] >= 0)
+  length = np.clip(spans[:, 1] - spans[:, 0], 0, None)
+  return np.where(known, np.minimum(length / np.where(known, durations, 1.0), 1.0), np.nan)
+
+
+def text_to_video_ranks(scores: np.ndarray, query_video: np.ndarray) -> np.ndarray:
+  """`[Nq]` rank of each query's ground-truth column (`ranks` with one positive per row)."""
+  scores, query_video = _check_scores(scores, query_video)
+  return ranks(scores, query_video[:, None] == np.arange(scores.shape[1])[None, :])
+
+
+def video_to_text_ranks(scores: np.ndarray, query_video: np.ndarray) -> np.ndarray:
+  """Rank of each video's best-ranked query among all queries of its column; videos without a
+  query are skipped (`[#videos with a query]`)."""
+  scores, query_video = _check_scores(scores, query_video)
+  positives = query_video[:, None] == np.arange(scores.shape[1])[None, :]
+  has_query = positives.any(axis=0)
+  return ranks(scores.T[has_query], positives.T[has_query])
+
+
+def _check_scores(scores: np.ndarray, query_video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   scores = np.asarray(scores)
   query_video = np.asarray(query_video, np.int64)
   num_queries, num_videos = scores.shape
@@ -102,12 +117,17 @@ def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
     raise ValueError(f'query_video has shape {query_video.shape}; expected ({num_queries},).')
   if num_queries and (query_video.min() < 0 or query_video.max() >= num_videos):
     raise ValueError(f'query_video indices must lie in [0, {num_videos}).')
-  positives = query_video[:, None] == np.arange(num_videos)[None, :]
-  t2v = ranks(scores, positives)
-  out = recalls(t2v)
-  has_query = positives.any(axis=0)
-  v2t = ranks(scores.T[has_query], positives.T[has_query])
-  out.update(recalls(v2t, prefix='v2t_'))
+  return scores, query_video
+
+
+def summarize(t2v_ranks: np.ndarray, v2t_ranks: np.ndarray, num_videos: int,
+              moment_ratio: np.ndarray | None = None,
+              mv_groups: Sequence[tuple[float, float]] = DEFAULT_MV_GROUPS) -> dict[str, float]:
+  """The metrics dict of `retrieval_metrics` from the ranks of both directions."""
+  t2v_ranks = np.asarray(t2v_ranks)
+  num_queries = len(t2v_ranks)
+  out = recalls(t2v_ranks)
+  out.update(recalls(v2t_ranks, prefix='v2t_'))
   out['num_queries'] = num_queries
   out['num_videos'] = num_videos
   if moment_ratio is not None:
@@ -119,5 +139,30 @@ def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
       name = f'mv_{lo:g}_{hi:g}'
       out[f'{name}_count'] = int(in_group.sum())
       if in_group.any():
-        out[f'{name}_sumr'] = recalls(t2v[in_group])['sumr']
+        out[f'{name}_sumr'] = recalls(t2v_ranks[in_group])['sumr']
   return out
+
+
+def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
+                      moment_ratio: np.ndarray | None = None,
+                      mv_groups: Sequence[tuple[float, float]] = DEFAULT_MV_GROUPS,
+                      ) -> dict[str, float]:
+  """Text-to-video and video-to-text metrics of a full score matrix.
+
+  Args:
+    scores: [Nq, Nv] query-video scores (rows queries, columns videos).
+    query_video: [Nq] int, ground-truth column of each query.
+    moment_ratio: optional [Nq] float, the query's moment length / video length
+      (NaN where unknown; see `moment_ratio`). When given, adds the text-to-video SumR of
+      each M/V group `(lo, hi]` as `mv_<lo>_<hi>_sumr` and its query count
+      `mv_<lo>_<hi>_count`.
+    mv_groups: the `(lo, hi]` groups.
+
+  Returns:
+    Flat dict: t2v `r1, r5, r10, r100, sumr`; v2t `v2t_r1, ..., v2t_sumr` (a video's
+    rank is that of its best-ranked query; videos without a query are skipped);
+    `num_queries`, `num_videos`.
+  """
+  return summarize(text_to_video_ranks(scores, query_video),
+                   video_to_text_ranks(scores, query_video), np.shape(scores)[1],
+                   moment_ratio, mv_groups)

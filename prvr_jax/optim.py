@@ -12,21 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from prvr_jax.layers.gmm_block import BRANCHES
-
 MaskOrFn = Union[Any, Callable[[optax.Params], Any]]
-
-_OFFICIAL_NO_DECAY = ('bias', 'LayerNorm.bias', 'LayerNorm.weight')
-
-
-def official_no_decay(torch_name: str) -> bool:
-  """The official param-group rule: True if `torch_name` gets no weight decay.
-
-  A name is exempt when it contains "bias", "LayerNorm.bias" or
-  "LayerNorm.weight"; other LayerNorms (e.g. v2's `norm1`/`norm2`) and
-  position embeddings are decayed.
-  """
-  return any(part in torch_name for part in _OFFICIAL_NO_DECAY)
 
 
 def default_decay_mask(params: optax.Params) -> Any:
@@ -68,23 +54,27 @@ def warmup_linear_schedule(lr: float, warmup_proportion: float,
   return schedule
 
 
-def clip_by_tensor_norm(max_norm: float) -> optax.GradientTransformation:
+def clip_by_tensor_norm(max_norm: float,
+                        stacked: Optional[MaskOrFn] = None) -> optax.GradientTransformation:
   """Scales each official tensor's gradient to L2 norm <= max_norm (torch clip_grad_norm_).
 
-  Like torch, the factor is min(1, max_norm / (norm + 1e-6)). A leaf under a
-  `GMMBlock`'s stacked `branches` holds K official tensors (attn0..attnK-1) on its leading
-  axis; each is clipped on its own.
+  Like torch, the factor is min(1, max_norm / (norm + 1e-6)). Where `stacked` (a pytree of
+  bools like the params, or a callable params -> one) is True, the leaf's leading axis holds
+  separate official tensors (a `GMMBlock`'s K branches) and each slice is clipped on its own.
   """
-  def clip(path, g):
-    stacked = any(getattr(k, 'key', None) == BRANCHES for k in path)
-    axes = tuple(range(1 if stacked else 0, g.ndim))
+  def clip(g, is_stacked):
+    axes = tuple(range(1 if is_stacked else 0, g.ndim))
     norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32)), axis=axes, keepdims=True))
     factor = jnp.minimum(1., max_norm / (norm + 1e-6))
     return (g * factor).astype(g.dtype)
 
   def update_fn(updates, state, params=None):
     del params
-    return jax.tree_util.tree_map_with_path(clip, updates), state
+    if stacked is None:
+      mask = jax.tree.map(lambda _: False, updates)
+    else:
+      mask = stacked(updates) if callable(stacked) else stacked
+    return jax.tree.map(clip, updates, mask), state
 
   return optax.GradientTransformation(
       lambda params: optax.EmptyState(), update_fn)
@@ -116,7 +106,7 @@ def scale_by_bert_adam(b1: float = 0.9, b2: float = 0.999,
 
 def bert_adam(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
               weight_decay_mask: Optional[MaskOrFn], max_grad_norm: float = 1.0,
-              b1: float = 0.9, b2: float = 0.999,
+              stacked: Optional[MaskOrFn] = None, b1: float = 0.9, b2: float = 0.999,
               eps: float = 1e-6) -> optax.GradientTransformation:
   """The official BertAdam as an optax transformation.
 
@@ -132,11 +122,13 @@ def bert_adam(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
     weight_decay_mask: pytree of bools like the params (True = decayed) or a
       callable params -> such a pytree; None decays everything.
     max_grad_norm: per-tensor clipping norm.
+    stacked: which leaves stack separate tensors on their leading axis (see
+      `clip_by_tensor_norm`); None: none.
     b1, b2, eps: Adam constants.
   """
   parts = []
   if max_grad_norm > 0:
-    parts.append(clip_by_tensor_norm(max_grad_norm))
+    parts.append(clip_by_tensor_norm(max_grad_norm, stacked))
   parts.append(scale_by_bert_adam(b1, b2, eps))
   if weight_decay > 0:
     parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
@@ -160,18 +152,20 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
 
 
 def make_optimizer(config_optim: Any, total_steps: int,
-                   weight_decay_mask: Optional[MaskOrFn] = None
-                   ) -> optax.GradientTransformation:
+                   weight_decay_mask: Optional[MaskOrFn] = None,
+                   stacked: Optional[MaskOrFn] = None) -> optax.GradientTransformation:
   """Builds the optimiser of `config.optim`.
 
   Args:
     config_optim: `config.optim` with `name` ('bert_adam' | 'adamw'), `lr`,
       `warmup_proportion`, `weight_decay`, `max_grad_norm`.
     total_steps: planned number of updates (the official t_total).
-    weight_decay_mask: the mask for 'bert_adam' (derived from the official
-      parameter names by the model code); None = `default_decay_mask`.
+    weight_decay_mask: the mask for 'bert_adam' (from the rules the model
+      declares, `ModelSpec.weight_decay_mask`); None = `default_decay_mask`.
       'adamw' always uses `default_decay_mask` (no decay on biases and on
       any LayerNorm parameter).
+    stacked: for 'bert_adam', the leaves clipped per leading-axis slice
+      (`ModelSpec.stacked_mask`).
   """
   schedule = warmup_linear_schedule(config_optim.lr,
                                     config_optim.warmup_proportion, total_steps)
@@ -181,7 +175,7 @@ def make_optimizer(config_optim: Any, total_steps: int,
         schedule, weight_decay=config_optim.weight_decay,
         weight_decay_mask=(default_decay_mask if weight_decay_mask is None
                            else weight_decay_mask),
-        max_grad_norm=config_optim.max_grad_norm)
+        max_grad_norm=config_optim.max_grad_norm, stacked=stacked)
   if name == 'adamw':
     return adamw(schedule, weight_decay=config_optim.weight_decay,
                  max_grad_norm=config_optim.max_grad_norm)

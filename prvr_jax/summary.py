@@ -1,42 +1,53 @@
-r"""Parameter table of a model config, computed with `jax.eval_shape` (nothing is allocated).
+r"""Parameter tables: one function for `python -m prvr_jax.summary` and the training log.
 
   python -m prvr_jax.summary --config=configs/gmmformer_v2.py:tvr
 
-The last line is `total parameters: <N>`.
+computes the parameters with `jax.eval_shape` (nothing is allocated), prints one row per
+parameter and ends with `total parameters: <N>`.
 """
 
+import math
 from typing import Any
 
 from absl import app
 from absl import flags
 import jax
-import numpy as np
 from ml_collections import config_flags
 
-from prvr_jax import models
-
-def parameter_table(params: Any) -> list[tuple[str, tuple[int, ...], int]]:
-  """(path, shape, size) of every parameter leaf, in tree order."""
-  rows = []
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    rows.append((name, tuple(leaf.shape), int(np.prod(leaf.shape))))
-  return rows
+from prvr_jax.models import registry
+from prvr_jax.models.spec import path_of
 
 
-def format_table(params: Any) -> str:
-  """The parameter table as text, ending with `total parameters: <N>`."""
-  rows = parameter_table(params)
-  name_width = max(len(name) for name, _, _ in rows)
-  lines = [f'{"parameter":<{name_width}}  {"shape":<18} {"count":>12}']
-  lines += [f'{name:<{name_width}}  {str(shape):<18} {size:>12,}' for name, shape, size in rows]
+def parameter_rows(params: Any, depth: int | None = None
+                   ) -> list[tuple[str, tuple[int, ...] | None, int]]:
+  """(path, shape, count) per leaf in tree order, or per path prefix of `depth` components
+  (shape None where leaves were summed)."""
+  rows: dict[str, tuple[tuple[int, ...] | None, int]] = {}
+  for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    parts = path_of(key_path).split('/')
+    name = '/'.join(parts if depth is None else parts[:depth])
+    size = math.prod(leaf.shape)
+    if name in rows:
+      rows[name] = (None, rows[name][1] + size)
+    else:
+      rows[name] = (tuple(leaf.shape) if depth is None or len(parts) <= depth else None, size)
+  return [(name, shape, size) for name, (shape, size) in rows.items()]
+
+
+def format_table(params: Any, depth: int | None = None) -> str:
+  """`parameter_rows` as text, ending with `total parameters: <N>`."""
+  rows = parameter_rows(params, depth)
+  width = max(len(name) for name, _, _ in rows)
+  lines = [f'{"parameter":<{width}}  {"shape":<18} {"count":>12}']
+  lines += [f'{name:<{width}}  {str(shape or ""):<18} {size:>12,}' for name, shape, size in rows]
   lines.append(f'total parameters: {sum(size for _, _, size in rows)}')
   return '\n'.join(lines)
 
 
 def main(argv: list[str]) -> None:
   del argv
-  print(format_table(models.param_shapes(flags.FLAGS.config.model)))
+  config_model = flags.FLAGS.config.model
+  print(format_table(registry.get_spec(config_model).param_shapes(config_model)))
 
 
 if __name__ == '__main__':

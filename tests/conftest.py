@@ -1,16 +1,64 @@
-"""Session-wide settings of the test suite; pytest loads this before any test module."""
+"""Session-wide settings and shared fixtures; pytest loads this before any test module.
+
+Helpers that are not fixtures (tolerances, config loading, CLI subprocesses) are in
+`support.py`.
+"""
 
 import os
+import pathlib
 import sys
+
+import pytest
 
 # Full float32 matmuls everywhere. On GPUs JAX's default float32 matmul precision is TF32
 # (a 10-bit mantissa, ~1e-3 relative), which no float32 tolerance of this suite is meant to
 # absorb; on CPUs it is float32 already. float32 is also what training and evaluation use by
 # default (`config.train.matmul_precision`, `config.eval.matmul_precision`). Set in the
-# environment, before jax is imported, so that the CLI subprocesses of test_train.py,
-# test_multihost.py, test_evaluate.py, test_matching.py and test_convert.py (which copy
-# os.environ) inherit it too. A value set by the caller is kept.
+# environment, before jax is imported, so that the CLI subprocesses (which copy os.environ)
+# inherit it too. A value set by the caller is kept.
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
+# Two CPU devices in the test process, so that data parallelism (the contract test's 1 vs 2
+# devices, the sharded evaluator) runs in-process; CLI subprocesses set their own count.
+# Without a GPU/TPU JAX then runs on these CPU devices. LLVM -O0 compiles the suite's many
+# small programs about a third faster (the CLI subprocesses use it too).
+_flags = os.environ.get('XLA_FLAGS', '')
+if 'xla_force_host_platform_device_count' not in _flags:
+  _flags += ' --xla_force_host_platform_device_count=2'
+if 'xla_backend_optimization_level' not in _flags:
+  _flags += ' --xla_backend_optimization_level=0'
+os.environ['XLA_FLAGS'] = _flags.strip()
 if 'jax' in sys.modules:  # imported by a plugin before this file: set it there too
   sys.modules['jax'].config.update('jax_default_matmul_precision',
                                    os.environ['JAX_DEFAULT_MATMUL_PRECISION'])
+
+# The `tiny` GMMFormer config of the CLI tests, on the tiny synthetic benchmark.
+TINY_CONFIG = """
+from configs import gmmformer
+
+def get_config(arg=None):
+  config = gmmformer.get_config('tiny')
+  config.eval.video_batch_size = 16  # val and test in one chunk: fewer programs to compile
+  return config
+"""
+
+
+@pytest.fixture(scope='session')
+def xla_cache(tmp_path_factory) -> pathlib.Path:
+  """One persistent compilation cache for the session's single-process CLI runs."""
+  return tmp_path_factory.getbasetemp() / 'xla_cache'
+
+
+@pytest.fixture(scope='session')
+def tiny_data(tmp_path_factory) -> str:
+  """The tiny synthetic benchmark, generated once (what a run would generate itself)."""
+  from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  return synthetic.ensure('tiny', str(tmp_path_factory.getbasetemp() / 'tiny_data'), seed=0)
+
+
+@pytest.fixture(scope='session')
+def config_path(tmp_path_factory) -> str:
+  """A config file of `TINY_CONFIG`."""
+  path = tmp_path_factory.getbasetemp() / 'tiny_config' / 'tiny_config.py'
+  path.parent.mkdir(exist_ok=True)
+  path.write_text(TINY_CONFIG)
+  return str(path)

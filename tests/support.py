@@ -1,4 +1,5 @@
-"""Float comparisons for the test suite whose tolerances scale with the values compared.
+"""Helpers of the test suite: float comparisons whose tolerances scale with the values compared,
+config loading, and running the CLIs in subprocesses (with their own device counts).
 
 float32 results differ in their last bits between CPU kinds (AVX2, AVX-512, AMX: other vector
 widths, other oneDNN / Eigen / XLA tilings, FMA or not) and GPUs, because the terms of every
@@ -7,9 +8,21 @@ values, so a bare absolute tolerance that passes for values of magnitude 1 fails
 magnitude 10. See docs/testing.md.
 """
 
+import importlib.util
+import json
 import math
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+from typing import Any
 
 import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = REPO / 'tests' / 'fixtures'
+OFFICIAL = FIXTURES / 'official'
 
 F32_EPS = float(np.finfo(np.float32).eps)  # 2**-23 ~ 1.19e-7
 
@@ -48,3 +61,83 @@ def assert_close(actual, expected, rtol: float, *, scale=None, err_msg: str = ''
       scale = 1.0
   np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * float(scale),
                              err_msg=err_msg)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def load_config(name_or_path: str, variant: str | None = None) -> Any:
+  """`get_config(variant)` of `configs/<name>.py`, or of a config file path."""
+  path = pathlib.Path(name_or_path)
+  if path.suffix != '.py':
+    path = REPO / 'configs' / f'{name_or_path}.py'
+  spec = importlib.util.spec_from_file_location(f'config_{path.stem}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
+  """The environment of a CLI subprocess: `devices` CPU devices, the repo on the path, an
+  optional persistent compilation cache."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join([str(REPO), str(REPO / 'tests'),
+                                       env.get('PYTHONPATH', '')])
+  # LLVM -O0 compiles about a third faster; every run compared in a test uses it.
+  env['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={devices} '
+                      '--xla_backend_optimization_level=0')
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)
+  if cache_dir is not None:
+    env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)
+    env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  return env
+
+
+def run_cli(script: str, *args: str, cache_dir: pathlib.Path | None, devices: int = 1,
+            check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+  """Runs `python <repo>/<script> args...`; raises with its stderr when it fails and `check`."""
+  proc = subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO,
+                        env=cli_env(cache_dir, devices), capture_output=True, text=True,
+                        timeout=timeout)
+  if check and proc.returncode:
+    raise AssertionError(f'{script} {" ".join(args)} failed ({proc.returncode}):\n'
+                         f'{proc.stderr[-6000:]}')
+  return proc
+
+
+def run_processes(argv_of: list[list[str]], devices: int, timeout: int = 600
+                  ) -> list[subprocess.CompletedProcess]:
+  """Runs one subprocess per argv at once (the processes of one jax.distributed job, each with
+  `devices` CPU devices, no compilation cache) and returns them when all have ended."""
+  # No persistent compilation cache: sharing one between the processes of a gloo job has
+  # hung on CPU, and these programs are compiled once anyway.
+  env = cli_env(cache_dir=None, devices=devices)
+  procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for argv in argv_of]
+  outputs = [p.communicate(timeout=timeout) for p in procs]
+  return [subprocess.CompletedProcess(p.args, p.returncode, out, err)
+          for p, (out, err) in zip(procs, outputs)]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    return s.getsockname()[1]
+
+
+def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
+  """(params as numpy, step) of the latest checkpoint of a train.py `workdir`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prvr_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
+  params, info = checkpoint.load_params(str(workdir / 'checkpoints'), load_config(config_path),
+                                        parallel.make_mesh())
+  return jax.tree.map(np.asarray, params), info['step']
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines()]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from prvr_jax import metrics
 from prvr_jax.data import prepare
 
 _log = logging.getLogger(__name__)
@@ -202,21 +203,18 @@ def _parse_spec(video: bool, captions: bool) -> dict[str, Any]:
   if captions:
     spec.update({'caption_feats/value': tf.io.FixedLenFeature([], tf.string),
                  'caption_lengths': tf.io.VarLenFeature(tf.int64),
-                 'caption_order': tf.io.VarLenFeature(tf.int64),
-                 'spans': tf.io.VarLenFeature(tf.float32),
-                 'duration': tf.io.FixedLenFeature([], tf.float32)})
+                 'caption_order': tf.io.VarLenFeature(tf.int64)})
   return spec
 
 
 class _Parser:
   """Turns a serialized record into padded per-video tensors (shapes of the batch contract)."""
 
-  def __init__(self, shards: ShardDataset, video: bool = True, captions: bool = True,
-               moment_ratio: bool = False):
+  def __init__(self, shards: ShardDataset, video: bool = True, captions: bool = True):
     self.lc, self.lf, self.lq = shards.num_clips, shards.max_frames, shards.max_query_len
     self.dv, self.dq = shards.visual_dim, shards.query_dim
     self.spec = _parse_spec(video, captions)
-    self.video, self.captions, self.moment_ratio = video, captions, moment_ratio
+    self.video, self.captions = video, captions
 
   def __call__(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
     ex = tf.io.parse_single_example(serialized, self.spec)
@@ -237,12 +235,6 @@ class _Parser:
       out['query_mask'] = tf.sequence_mask(lengths, self.lq, tf.float32)
       out['caption_order'] = tf.sparse.to_dense(ex['caption_order'])
       out['num_queries'] = tf.size(lengths)
-      if self.moment_ratio:
-        spans = tf.reshape(tf.sparse.to_dense(ex['spans']), [-1, 2])
-        duration = ex['duration']
-        out['moment_ratio'] = tf.where(
-            (duration > 0) & (spans[:, 0] >= 0),
-            (spans[:, 1] - spans[:, 0]) / tf.maximum(duration, 1e-9), -1.0)
     return out
 
 
@@ -454,6 +446,12 @@ class EvalIndex:
   def has_spans(self) -> bool:
     return bool(len(self.durations)) and bool((self.durations > 0).all())
 
+  @property
+  def moment_ratio(self) -> np.ndarray | None:
+    """`[Nq]` moment length / video length of each caption (`metrics.moment_ratio`), or None
+    when the split has no spans."""
+    return metrics.moment_ratio(self.spans, self.durations) if self.has_spans else None
+
 
 def eval_index(shards: ShardDataset, split: str) -> EvalIndex:
   """The ordered ids, ground truth and moment spans of `split`."""
@@ -523,29 +521,23 @@ def eval_queries(shards: ShardDataset, split: str, *, global_batch_size: int,
 
   Yields numpy dicts `query_feats [Q, Lq, Dq]`, `query_mask [Q, Lq]`, `query_index [Q]`
   int64 (row in caption-file order, -1 = padding), `query_video_index [Q]` int64 (the
-  ground-truth column), and when the split has moment spans `query_moment_ratio [Q]`
-  float32 (moment length / video length, -1 = padding); `len()` batches, the same
-  number on every host.
+  ground-truth video's column, i.e. its index in `EvalIndex.video_ids`); `len()` batches,
+  the same number on every host.
   """
   mine, local, num_batches, n = _eval_setup(
       shards, split, global_batch_size, process_index, process_count, verify,
       lambda x: x.num_captions)
-  with_ratio = shards.split(split).has_spans
-  parse = _Parser(shards, video=False, moment_ratio=with_ratio)
+  parse = _Parser(shards, video=False)
   lq, dq = shards.max_query_len, shards.query_dim
 
   def captions(v):
-    items = {'query_feats': v['query_feats'], 'query_mask': v['query_mask'],
-             'query_index': v['caption_order'],
-             'query_video_index': tf.fill([v['num_queries']], v['video_order'])}
-    if with_ratio:
-      items['query_moment_ratio'] = v['moment_ratio']
-    return tf.data.Dataset.from_tensor_slices(items)
+    return tf.data.Dataset.from_tensor_slices({
+        'query_feats': v['query_feats'], 'query_mask': v['query_mask'],
+        'query_index': v['caption_order'],
+        'query_video_index': tf.fill([v['num_queries']], v['video_order'])})
 
   pad = {'query_feats': tf.zeros([lq, dq]), 'query_mask': tf.zeros([lq]),
          'query_index': tf.constant(-1, tf.int64), 'query_video_index': tf.constant(-1, tf.int64)}
-  if with_ratio:
-    pad['query_moment_ratio'] = tf.constant(-1.0)
   ds = (_records([x.path for x in mine])
         .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .flat_map(captions)
@@ -620,4 +612,17 @@ def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
     path = out
   shards = open_shards(path)
   check_dims(shards, config.model)
+  return shards
+
+
+def open_run_data(config, workdir: str | None) -> ShardDataset:
+  """`resolve_shards` on every process of a run, process 0 first (it may generate or prepare
+  the data; the others then open what it wrote)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prvr_jax import parallel  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    shards = resolve_shards(config, workdir)
+  parallel.sync('prvr_jax:open_run_data')
+  if jax.process_index() != 0:
+    shards = resolve_shards(config, workdir)
   return shards

@@ -2,11 +2,13 @@
 
 from prvr_jax.layers.attention import AttentionBlockV1, AttentionBlockV2, MultiHeadAttention
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
+from prvr_jax.layers.encoders import QueryEncoder, VideoBranch
 from prvr_jax.layers.gmm_block import AGGREGATIONS, GMMBlock
 from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_windows
 
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling', 'GMMBlock',
-    'InputProjection', 'MultiHeadAttention', 'PositionalEncoding', 'WINDOW_KINDS',
+    'InputProjection', 'MultiHeadAttention', 'PositionalEncoding', 'QueryEncoder', 'VideoBranch',
+    'WINDOW_KINDS',
     'constraint_window', 'stacked_windows',
 ]

@@ -1,0 +1,220 @@
+"""The generic evaluator: encode a gallery once, sharded over devices; rank queries against it.
+
+* The gallery: every video batch is encoded by the model's `encode_videos` with its rows split
+  over the mesh's `data` axis, and the encodings stay there: device d holds its block of
+  videos, never the whole gallery.
+* Query chunks: encoded by `encode_queries`, scored by the model's `score` against all
+  gallery shards (`[Q, G]`, columns sharded on `data`), and each query's text-to-video rank
+  is reduced across devices on device.
+* Keys, not positions: a query's ground truth is the gallery row whose video key equals the
+  query's ground-truth key; ties are broken by video key. Ranks therefore do not depend on
+  the chunk sizes, the device count or the order of the gallery.
+
+Protocol (the official validation code): R@1/5/10/100 and SumR from the ranks; video-to-text
+ranks and the `[queries, videos]` score matrix (rows by query key, columns by video key)
+come from the matrix gathered on the hosts. Models whose video encodings depend on their
+batch (`ModelSpec.encoding_depends_on_batch`, GMMFormer's frame windows) are only evaluated
+on the official chunks: consecutive videos in first-appearance order.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+from prvr_jax import metrics as metrics_lib
+from prvr_jax import parallel
+from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY
+from prvr_jax.models import registry
+
+
+@dataclasses.dataclass
+class EvalResult:
+  """metrics: flat dict (see `metrics.summarize`); scores: `[Nq, Nv]` float32 by keys;
+  ranks: `[Nq]` text-to-video rank of each query."""
+  metrics: dict[str, float]
+  scores: np.ndarray
+  ranks: np.ndarray
+
+
+@dataclasses.dataclass
+class Gallery:
+  """Encoded videos. `encodings`: the model's stored pytree, leading axis G sharded on `data`;
+  `keys`: `[G]` video key of each row (-1 = padding), on the host and (`device_keys`) sharded
+  like the encodings."""
+  encodings: Any
+  keys: np.ndarray
+  device_keys: jax.Array
+
+
+def text_to_video_ranks(scores: jax.Array, gallery_keys: jax.Array, gt_keys: jax.Array
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Ranks of `metrics.ranks`'s tie rule, over a gallery in any order.
+
+  Args:
+    scores: `[Q, G]` scores (columns may be sharded).
+    gallery_keys: `[G]` video key of each column, -1 = padding (ignored).
+    gt_keys: `[Q]` the key of each query's ground-truth video.
+
+  Returns:
+    rank `[Q]` = 1 + #{videos scoring higher} + #{videos scoring equal with a smaller key},
+    gt_count `[Q]` (columns holding the ground truth: 1 for a well-formed gallery),
+    non_finite `[Q]` (the row has a NaN or infinite score).
+  """
+  valid = gallery_keys[None, :] >= 0
+  is_gt = valid & (gallery_keys[None, :] == gt_keys[:, None])
+  gt_score = jnp.max(jnp.where(is_gt, scores, -jnp.inf), axis=1, keepdims=True)
+  ahead = valid & ((scores > gt_score)
+                   | ((scores == gt_score) & (gallery_keys[None, :] < gt_keys[:, None])))
+  return (1 + jnp.sum(ahead, axis=1), jnp.sum(is_gt, axis=1),
+          jnp.any(valid & ~jnp.isfinite(scores), axis=1))
+
+
+class Evaluator:
+  """Jitted gallery encoding and query ranking for one model on one mesh.
+
+  Build once and reuse (e.g. every epoch): the jitted functions compile once per batch
+  shape. Matmuls run at `matmul_precision` (float32 by default: the official scores; no TF32
+  on GPUs); SumR is also reported per moment-to-video group of `mv_groups`.
+  """
+
+  def __init__(self, config_model: Any, mesh: Mesh, video_batch_size: int,
+               query_batch_size: int, matmul_precision: str = 'float32',
+               mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS,
+               score_seed: int = 0):
+    self.spec = registry.get_spec(config_model)
+    self.official_chunks = self.spec.encoding_depends_on_batch(config_model)
+    module = self.spec.build(config_model)
+    self.mesh = mesh
+    self.mv_groups = tuple(tuple(g) for g in mv_groups)
+    self.video_batch_size = video_batch_size
+    self.video_rows = parallel.round_up(video_batch_size, jax.device_count())
+    self.query_rows = parallel.round_up(query_batch_size, jax.device_count())
+    sharded = parallel.sharded(mesh)
+    replicated = parallel.replicated(mesh)
+    columns = NamedSharding(mesh, P(None, parallel.DATA_AXIS))
+    base_key = jax.random.key(score_seed)
+    score_rngs = {name: jax.random.fold_in(base_key, i)
+                  for i, name in enumerate(self.spec.score_rng_streams)}
+
+    @functools.partial(jax.jit, out_shardings=sharded)
+    def encode_videos(params, videos):
+      with jax.default_matmul_precision(matmul_precision):
+        return module.apply({'params': params}, videos, method='encode_videos')
+
+    @functools.partial(jax.jit, out_shardings=(columns, replicated, replicated, replicated))
+    def rank_queries(params, queries, gallery, gallery_keys, gt_keys):
+      with jax.default_matmul_precision(matmul_precision):
+        encoded = module.apply({'params': params}, queries, method='encode_queries')
+        scores = module.apply({'params': params}, encoded, gallery, method='score',
+                              rngs=score_rngs)
+      scores = jax.lax.with_sharding_constraint(scores.astype(jnp.float32), columns)
+      return (scores, *text_to_video_ranks(scores, gallery_keys, gt_keys))
+
+    self._encode_videos = encode_videos
+    self._rank_queries = rank_queries
+    self._concat = jax.jit(lambda chunks: jax.tree.map(lambda *xs: jnp.concatenate(xs), *chunks),
+                           out_shardings=sharded)
+
+  @classmethod
+  def from_config(cls, config: Any, mesh: Mesh) -> 'Evaluator':
+    """The evaluator of `config.model` and `config.eval` (batch sizes, precision, M/V groups)."""
+    return cls(config.model, mesh, config.eval.video_batch_size, config.eval.query_batch_size,
+               config.eval.matmul_precision, config.eval.mv_groups)
+
+  def _device_rows(self, batch: Mapping[str, np.ndarray], inputs: Sequence[str], key: str,
+                   rows: int) -> tuple[dict[str, jax.Array], np.ndarray]:
+    """A global-view batch -> (its model inputs sharded on `data`, padded to `rows`; its key
+    column padded with -1)."""
+    keys = np.asarray(batch[key], np.int64)
+    if keys.shape[0] > rows:
+      raise ValueError(f'An evaluation batch holds {keys.shape[0]} items, more than the '
+                       f'configured batch size ({rows} rows).')
+    inputs = parallel.shard_global_view({k: batch[k] for k in inputs}, self.mesh, rows)
+    return inputs, parallel.pad_rows(keys, rows, value=-1)
+
+  def encode_gallery(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
+                     ) -> Gallery:
+    """Encodes every video batch (global view on every host) into one sharded gallery."""
+    chunks, keys = [], []
+    for i, batch in enumerate(video_batches):
+      inputs, chunk_keys = self._device_rows(batch, self.spec.video_inputs, VIDEO_KEY,
+                                             self.video_rows)
+      if self.official_chunks:
+        real = chunk_keys[chunk_keys >= 0]
+        start = i * self.video_batch_size
+        if not np.array_equal(real, np.arange(start, start + real.size)):
+          raise ValueError(
+              f'Evaluation video batch {i} holds videos {real[:5].tolist()}..; '
+              f'{self.spec.name} with this config encodes a video differently in another '
+              f'batch, so it is evaluated on the official chunks: consecutive chunks of '
+              f'{self.video_batch_size} videos in first-appearance order.')
+      chunks.append(self._encode_videos(params, inputs))
+      keys.append(chunk_keys)
+    if not chunks:
+      raise ValueError('The evaluation split has no videos.')
+    keys = np.concatenate(keys)
+    return Gallery(self._concat(chunks), keys,
+                   parallel.shard_global_view(keys, self.mesh, len(keys)))
+
+  def evaluate(self, params: Any, data: EvalSplit) -> EvalResult:
+    """Encodes the gallery, ranks every query, computes the metrics of one split."""
+    gallery = self.encode_gallery(params, data.video_batches())
+    num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
+    columns = gallery.keys >= 0
+    video_keys = gallery.keys[columns]
+    if (np.unique(video_keys).size != video_keys.size
+        or not np.array_equal(np.sort(video_keys), np.arange(num_videos))):
+      raise ValueError(f'The evaluation videos hold keys {np.sort(video_keys)[:5].tolist()}.. '
+                       f'({video_keys.size} videos), not each of the {num_videos} videos of '
+                       'the split once.')
+    scores = np.full((num_queries, num_videos), np.nan, np.float32)
+    ranks = np.zeros((num_queries,), np.int64)
+    ground_truth = np.full((num_queries,), -1, np.int64)
+    for batch in data.query_batches():
+      inputs, rows = self._device_rows(batch, self.spec.query_inputs, QUERY_KEY,
+                                       self.query_rows)
+      gt = parallel.pad_rows(np.asarray(batch[GROUND_TRUTH_KEY], np.int64), self.query_rows,
+                             value=-1)
+      block, block_ranks, gt_count, non_finite = parallel.to_host(self._rank_queries(
+          params, inputs, gallery.encodings, gallery.device_keys,
+          parallel.replicate(gt, self.mesh)))
+      real = rows >= 0
+      targets = rows[real]
+      if targets.size and (targets.max() >= num_queries or ground_truth[targets].max() >= 0
+                           or np.unique(targets).size != targets.size):
+        raise ValueError(f'Evaluation query keys {targets[:5].tolist()}.. are out of range '
+                         f'[0, {num_queries}) or appear twice.')
+      _check_rows(data, targets, gt[real], gt_count[real], non_finite[real])
+      scores[targets[:, None], video_keys[None, :]] = np.asarray(block)[real][:, columns]
+      ranks[targets] = block_ranks[real]
+      ground_truth[targets] = gt[real]
+    missing = np.flatnonzero(ground_truth < 0)
+    if missing.size:
+      raise ValueError(f'{missing.size} of {num_queries} queries were never scored (first: '
+                       f'{[data.caption_ids[i] for i in missing[:3]]}).')
+    v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
+    metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio, self.mv_groups)
+    return EvalResult(metrics, scores, ranks)
+
+
+def _check_rows(data: EvalSplit, keys: np.ndarray, gt: np.ndarray, gt_count: np.ndarray,
+                non_finite: np.ndarray) -> None:
+  """Raises naming the first query whose ground truth is not in the gallery exactly once, or
+  whose scores are not finite."""
+  for bad, what in ((gt_count != 1, 'its ground-truth video {video} is not in the gallery'),
+                    (non_finite, 'its scores hold NaN or infinite values')):
+    if bad.any():
+      i = int(np.flatnonzero(bad)[0])
+      video_key = int(gt[i])
+      video = f'(key {video_key})'
+      if 0 <= video_key < len(data.video_ids):
+        video = f'{data.video_ids[video_key]!r} {video}'
+      raise ValueError(f'Query {data.caption_ids[keys[i]]!r} (key {keys[i]}): '
+                       + what.format(video=video) + f' ({int(bad.sum())} such queries '
+                       'in this batch).')

@@ -1,0 +1,58 @@
+"""Evaluation splits: the video and query streams of a shard folder, with their ids.
+
+Every item carries a key: a video's key is its index in `video_ids` (the split's videos in
+first-appearance order), a query's key its index in `caption_ids` (caption-file order), and
+each query names its ground-truth video by key. The evaluator matches queries to videos by
+these keys only, so the order of the batches does not matter.
+"""
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from prvr_jax.data import pipeline
+
+VIDEO_KEY = 'video_index'
+QUERY_KEY = 'query_index'
+GROUND_TRUTH_KEY = 'query_video_index'
+
+
+@dataclasses.dataclass
+class EvalSplit:
+  """One evaluation split.
+
+  Attributes:
+    video_batches: returns a fresh iterator of global-view video batches: the model's video
+      inputs and `video_index [B]` int64, the video's key (-1 = padding).
+    query_batches: returns a fresh iterator of global-view query batches: the model's query
+      inputs, `query_index [Q]` int64, the query's key (-1 = padding), and
+      `query_video_index [Q]` int64, the key of its ground-truth video.
+    video_ids: `[Nv]` video ids (key -> id).
+    caption_ids: `[Nq]` caption ids (key -> id).
+    moment_ratio: `[Nq]` moment length / video length by query key, or None.
+  """
+  video_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
+  query_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
+  video_ids: Sequence[str]
+  caption_ids: Sequence[str]
+  moment_ratio: np.ndarray | None = None
+
+
+def eval_split(config: Any, shards: pipeline.ShardDataset, split: str) -> EvalSplit:
+  """`split` of the shard folder, videos in the official evaluation chunks.
+
+  `split` is 'val' / 'test' (mapped through `config.data.{val,test}_split`) or a split name
+  of the shards. Every host reads every batch (global view) and feeds its block.
+  """
+  name = config.data.get(f'{split}_split', split)
+  index = pipeline.eval_index(shards, name)
+  hosts = dict(process_index=0, process_count=1)
+  return EvalSplit(
+      video_batches=lambda: pipeline.eval_videos(
+          shards, name, global_batch_size=config.eval.video_batch_size, **hosts),
+      query_batches=lambda: pipeline.eval_queries(
+          shards, name, global_batch_size=config.eval.query_batch_size, **hosts),
+      video_ids=index.video_ids, caption_ids=index.caption_ids,
+      moment_ratio=index.moment_ratio)

@@ -1,0 +1,75 @@
+"""Encoder stacks of the MS-SL lineage (MS-SL, GMMFormer, GMMFormer v2), built from the layers.
+
+* `QueryEncoder`: token features -> input projection -> positional encoding -> one attention
+  block -> attention pooling to one vector per query.
+* `VideoBranch`: visual features -> input projection -> positional encoding -> GMMBlocks.
+"""
+
+import flax.linen as nn
+import jax
+
+from prvr_jax.layers.attention import BLOCKS
+from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
+from prvr_jax.layers.gmm_block import GMMBlock
+
+
+class QueryEncoder(nn.Module):
+  """`[Q, Lq, Dq], [Q, Lq] -> [Q, D]`.
+
+  Attributes:
+    hidden_dim: D.
+    num_heads: attention heads.
+    max_query_len: learned positions.
+    block: 'v1' or 'v2' (`prvr_jax.layers.attention.BLOCKS`).
+    dropout: dropout inside the block.
+    input_dropout: dropout of the input projection and positional encoding.
+  """
+  hidden_dim: int
+  num_heads: int
+  max_query_len: int
+  block: str
+  dropout: float = 0.0
+  input_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, query_feats: jax.Array, query_mask: jax.Array,
+               deterministic: bool = True) -> jax.Array:
+    x = InputProjection(self.hidden_dim, self.input_dropout, name='input_proj')(
+        query_feats, deterministic)
+    x = PositionalEncoding(self.max_query_len, self.input_dropout, name='pos_embed')(
+        x, deterministic)
+    x = BLOCKS[self.block](self.num_heads, self.dropout, name='encoder')(
+        x, key_mask=query_mask, deterministic=deterministic)
+    return AttentionPooling(name='pooling')(x, query_mask)
+
+
+class VideoBranch(nn.Module):
+  """`[B, L, Dv] -> [B, L, D]`: `num_blocks` GMMBlocks named `encoder_0..`.
+
+  Attributes mirror `GMMBlock`'s, plus `hidden_dim`, `max_len` (learned positions),
+  `num_blocks` and `input_dropout`.
+  """
+  hidden_dim: int
+  num_heads: int
+  max_len: int
+  widths: tuple[float | None, ...]
+  block: str
+  num_blocks: int = 1
+  window: str = 'gaussian'
+  aggregation: str = 'average'
+  temperature: float = 1.0
+  dropout: float = 0.0
+  input_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
+               window_length: jax.Array | None = None, query_token: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    x = InputProjection(self.hidden_dim, self.input_dropout, name='input_proj')(
+        feats, deterministic)
+    x = PositionalEncoding(self.max_len, self.input_dropout, name='pos_embed')(x, deterministic)
+    for i in range(self.num_blocks):
+      x = GMMBlock(self.widths, self.num_heads, self.dropout, self.block, self.window,
+                   self.aggregation, self.temperature, name=f'encoder_{i}')(
+                       x, mask, window_length, query_token, deterministic)
+    return x

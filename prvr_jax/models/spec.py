@@ -1,0 +1,170 @@
+"""The model contract: what the registry knows of a model, and what its objective is given.
+
+A model is a Flax Linen module with three methods used through `module.apply(..., method=...)`
+by training, evaluation, the index and user code:
+
+  stored = module.apply(variables, video_batch, method='encode_videos')   # pytree, leading axis B
+  queries = module.apply(variables, query_batch, method='encode_queries') # pytree, leading axis Q
+  scores = module.apply(variables, queries, stored, method='score',
+                        rngs=...)                                         # [Q, B]
+
+plus `__call__(batch, deterministic)`, the training forward, whose output dict holds at least
+`scores` (`[Q, B]`, the same score as `score` for every query-video pair of the batch).
+`video_batch` / `query_batch` are dicts with the batch contract's keys (docs/design.md).
+The objective beside the model turns a training batch into a loss:
+
+  loss, metrics = spec.objective(module, params, batch, rngs, ctx)
+
+with `rngs` one key per name of `spec.rng_streams` and `ctx` a `LossContext`.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import math
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from prvr_jax.models import batch as batch_lib
+from prvr_jax.models.torch_names import Leaf
+
+Params = Any
+Batch = Mapping[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossContext:
+  """What an objective reads besides the parameters and the batch.
+
+  Built inside the jitted train step. `epoch` and `step` are traced int32 scalars, so
+  schedules inside the loss (hard negatives from an epoch on) switch without recompiling.
+
+  Attributes:
+    config: the full run config (static).
+    epoch: the epoch of this update (0-based).
+    step: updates done before this one.
+  """
+  config: Any
+  epoch: jax.Array
+  step: jax.Array
+
+
+Objective = Callable[[nn.Module, Params, Batch, Mapping[str, jax.Array], LossContext],
+                     tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OfficialCheckpoint:
+  """How a model reads the authors' PyTorch checkpoints.
+
+  Attributes:
+    names: params tree (arrays or shapes) -> every leaf with its torch name(s).
+    infer_config: official state_dict -> the `config.model` fields its shapes determine.
+  """
+  names: Callable[[Params], Sequence[Leaf]]
+  infer_config: Callable[[Mapping[str, np.ndarray]], dict[str, Any]]
+
+
+def _never(config_model: Any) -> bool:
+  del config_model
+  return False
+
+
+def path_of(key_path: Sequence[Any]) -> str:
+  """A pytree key path as 'a/b/c'."""
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in key_path)
+
+
+def match_paths(tree: Any, patterns: Sequence[str]) -> Any:
+  """Pytree of bools like `tree`: whether the leaf's 'a/b/c' path matches any regex."""
+  compiled = [re.compile(p) for p in patterns]
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: any(p.search(path_of(path)) for p in compiled), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """One registry entry.
+
+  Attributes:
+    name: `config.model.name`.
+    module: the Linen module class; built from the `config.model` fields it declares.
+    objective: the training loss, see the module docstring.
+    rng_streams: the keys the objective receives (a split of the step's key, in this order).
+    no_decay: regexes on 'a/b/c' parameter paths exempt from weight decay (BertAdam/AdamW).
+    stacked: regexes on parameter paths whose leading axis stacks separate tensors (BertAdam
+      clips each slice on its own, as the official per-tensor clipping does).
+    gradient_free: regexes on parameter paths whose gradient is analytically zero (e.g. a
+      bias added uniformly before a softmax), for the contract test.
+    official: how to read official PyTorch checkpoints, or None.
+    param_counts: parameter count per config variant, as the model's docs state them.
+    encoding_depends_on_batch: `config.model -> bool`, whether a video's encoding depends on the
+      other videos of its batch (GMMFormer's frame windows); evaluation then keeps the
+      official chunks.
+    score_rng_streams: RNG keys `score` needs (models that sample at evaluation).
+    example_batch: `(config.model, num_videos, queries_per_video) ->` a training batch of
+      zeros with the model's input keys and shapes.
+    video_inputs, query_inputs: the keys of a video / query batch the model reads.
+  """
+  name: str
+  module: type[nn.Module]
+  objective: Objective
+  rng_streams: tuple[str, ...] = ('dropout',)
+  no_decay: tuple[str, ...] = ()
+  stacked: tuple[str, ...] = ()
+  gradient_free: tuple[str, ...] = ()
+  official: OfficialCheckpoint | None = None
+  param_counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  encoding_depends_on_batch: Callable[[Any], bool] = _never
+  score_rng_streams: tuple[str, ...] = ()
+  example_batch: Callable[..., dict[str, np.ndarray]] = batch_lib.example_batch
+  video_inputs: tuple[str, ...] = batch_lib.VIDEO_INPUTS
+  query_inputs: tuple[str, ...] = batch_lib.QUERY_INPUTS
+
+  def build(self, config_model: Any) -> nn.Module:
+    """The module with the fields of `config.model` it declares (others keep defaults)."""
+    names = {f.name for f in dataclasses.fields(self.module)} - {'parent', 'name'}
+    values = {k: config_model[k] for k in names if k in config_model}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return self.module(**values)
+
+  def init_params(self, config_model: Any, rng: jax.Array) -> Params:
+    """Parameters for `config.model`'s input dims."""
+    return self.build(config_model).init({'params': rng},
+                                          self.example_batch(config_model))['params']
+
+  def param_shapes(self, config_model: Any) -> Params:
+    """`jax.ShapeDtypeStruct` tree of the parameters, without computing anything."""
+    return jax.eval_shape(lambda rng: self.init_params(config_model, rng), jax.random.key(0))
+
+  def stored_per_video(self, config_model: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """What `encode_videos` keeps per video: 'a/b' path -> shape and dtype of one video's part."""
+    module = self.build(config_model)
+    batch = self.example_batch(config_model, num_videos=1)
+    videos = {k: batch[k] for k in self.video_inputs}
+    stored = jax.eval_shape(
+        lambda params: module.apply({'params': params}, videos, method='encode_videos'),
+        self.param_shapes(config_model))
+    return {path_of(path): jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(stored)}
+
+  def bytes_per_video(self, config_model: Any) -> int:
+    """Bytes of the stored representation of one video."""
+    return sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize
+               for s in self.stored_per_video(config_model).values())
+
+  def weight_decay_mask(self, params: Params) -> Any:
+    """True where weight decay applies (every leaf not matched by `no_decay`)."""
+    return jax.tree.map(lambda exempt: not exempt, match_paths(params, self.no_decay))
+
+  def stacked_mask(self, params: Params) -> Any:
+    """True where the leaf's leading axis stacks separate tensors (`stacked`)."""
+    return match_paths(params, self.stacked)
+
+
+def count_params(params: Params) -> int:
+  """Number of scalars in a params tree (arrays or shapes)."""
+  return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))

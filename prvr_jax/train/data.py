@@ -1,0 +1,41 @@
+"""Training batches of a run: steps per epoch and the global, sharded batch stream."""
+
+from collections.abc import Iterator
+
+import jax
+from jax.sharding import Mesh
+import ml_collections
+
+from prvr_jax import parallel
+from prvr_jax.data import pipeline
+
+
+def steps_per_epoch(config: ml_collections.ConfigDict, shards: pipeline.ShardDataset) -> int:
+  """ceil(#train videos / global batch), the official t_total per epoch (with host-sharded
+  reading: of the busiest host)."""
+  readers = jax.process_count() if config.data.host_sharded_reading else 1
+  return pipeline.steps_per_epoch(shards.split(config.data.train_split),
+                                  config.train.batch_size, readers)
+
+
+def train_batches(config: ml_collections.ConfigDict, shards: pipeline.ShardDataset,
+                  start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
+  """Global training batches (sharded on `data`) from global step `start_step` on.
+
+  By default every process reads the single-host batch stream and feeds its block of rows,
+  so the global batches (and their layout) are the same for any number of devices and
+  hosts. `config.data.host_sharded_reading=True` instead has each host read its own shard
+  files (less I/O on large pods; the batches then depend on the host count).
+  `config.data.max_queries_per_batch` counts query slots per host.
+  """
+  common = dict(global_batch_size=config.train.batch_size, seed=config.train.seed,
+                start_step=start_step, shuffle_buffer=config.data.shuffle_buffer)
+  slots = config.data.max_queries_per_batch
+  if config.data.host_sharded_reading:
+    it = pipeline.train_iterator(shards, config.data.train_split,
+                                 max_queries_per_batch=slots, **common)
+    return (parallel.global_batch(b, mesh) for b in it)
+  it = pipeline.train_iterator(shards, config.data.train_split, process_index=0,
+                               process_count=1, max_queries_per_batch=slots * jax.process_count(),
+                               **common)
+  return (parallel.shard_global_view(b, mesh) for b in it)

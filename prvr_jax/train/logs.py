@@ -1,0 +1,116 @@
+"""Training metrics: TensorBoard + JSONL writer (process 0), and the per-step host log with the
+non-finite-loss stop."""
+
+from collections.abc import Mapping
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import tqdm
+
+from prvr_jax.checkpoint import Checkpoints
+
+METRICS_FILE = 'metrics.jsonl'
+TB_DIR = 'tensorboard'
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The training loss became NaN or Inf; the message names the step and the terms."""
+
+
+class MetricWriter:
+  """Scalars to TensorBoard event files and `<workdir>/metrics.jsonl` (process 0 only)."""
+
+  def __init__(self, workdir: str, enabled: bool):
+    self.enabled = enabled
+    self._jsonl = os.path.join(workdir, METRICS_FILE)
+    self._tb = None
+    if enabled:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tf = tf
+      self._tb = tf.summary.create_file_writer(os.path.join(workdir, TB_DIR))
+      self._scalar_meta = tf.compat.v1.SummaryMetadata(
+          plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'))
+
+  def truncate_after(self, step: int) -> None:
+    """Drops jsonl records past `step` (written by a run that is now being resumed) and
+    earlier test records (the test split is evaluated again at the end)."""
+    if not self.enabled or not os.path.exists(self._jsonl):
+      return
+    with open(self._jsonl, encoding='utf-8') as f:
+      records = [line for line in f if line.strip()]
+    kept = [line for line in records
+            if json.loads(line)['step'] <= step and json.loads(line)['split'] != 'test']
+    with open(self._jsonl, 'w', encoding='utf-8') as f:
+      f.writelines(kept)
+
+  def write(self, step: int, split: str, scalars: Mapping[str, float], **extra: Any) -> None:
+    if not self.enabled:
+      return
+    record = {'step': int(step), 'split': split, **extra,
+              **{k: float(v) for k, v in scalars.items()}}
+    with open(self._jsonl, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+    with self._tb.as_default():
+      for name, value in scalars.items():
+        self._tf.summary.write(f'{split}/{name}', self._tf.constant(float(value)), step=step,
+                               metadata=self._scalar_meta)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+class StepLog:
+  """Host side of one epoch's train steps: finiteness check, running means, logging, progress."""
+
+  def __init__(self, writer: MetricWriter, checkpoints: Checkpoints, log_every: int, epoch: int,
+               first_step: int, epoch_end: int, steps_per_epoch: int, show: bool):
+    self.writer, self.checkpoints, self.log_every = writer, checkpoints, log_every
+    self.epoch, self.epoch_end = epoch, epoch_end
+    self.window, self.window_steps, self.tick = {}, 0, time.time()
+    self.total, self.steps = {}, 0
+    self.bar = tqdm.tqdm(total=steps_per_epoch,
+                         initial=first_step - (epoch_end - steps_per_epoch),
+                         desc=f'epoch {epoch}', disable=not show, dynamic_ncols=True)
+
+  def add(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
+    """Records the metrics of the update that produced `step` (blocks until it is done)."""
+    values = {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+    if not np.isfinite(values['loss']):
+      terms = ', '.join(f'{k}={v:.6g}' for k, v in values.items())
+      last = self.checkpoints.latest_step()
+      where = (f'the last good checkpoint (step {last}) in {self.checkpoints.latest.directory} '
+               'is intact' if last is not None else 'no checkpoint had been written yet')
+      raise NonFiniteLossError(
+          f'Non-finite loss at step {step} (epoch {self.epoch}): {terms}. Training stopped '
+          f'and this state was not saved; {where}.')
+    for k, v in values.items():
+      self.window[k] = self.window.get(k, 0.0) + v
+      self.total[k] = self.total.get(k, 0.0) + v
+    self.window_steps += 1
+    self.steps += 1
+    self.bar.update(1)
+    self.bar.set_postfix(loss=f'{values["loss"]:.4f}')
+    if step % self.log_every == 0 or step == self.epoch_end:
+      now = time.time()
+      scalars = {k: v / self.window_steps for k, v in self.window.items()}
+      scalars['steps_per_sec'] = self.window_steps / max(now - self.tick, 1e-9)
+      self.writer.write(step, 'train', scalars, epoch=self.epoch)
+      self.window, self.window_steps, self.tick = {}, 0, now
+
+  def mean_loss(self) -> float:
+    return self.total['loss'] / self.steps if self.steps else float('nan')
+
+  def close(self) -> None:
+    self.bar.close()
+
+
+def loggable(metrics: Mapping[str, Any]) -> dict[str, float]:
+  """The scalars worth a TensorBoard curve (no counts)."""
+  return {k: v for k, v in metrics.items()
+          if not k.endswith('_count') and not k.startswith('num_')}

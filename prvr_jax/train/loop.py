@@ -1,0 +1,186 @@
+"""`train_and_evaluate(config, workdir)`, what `train.py` runs.
+
+* One `data` mesh over every global device; parameters and optimiser state are replicated,
+  batches sharded on their leading axis (`prvr_jax.parallel`).
+* State built with `jax.eval_shape` and a jitted init with replicated output shardings; one
+  jitted train step with the state donated (`prvr_jax.train.step`).
+* By default the data order does not depend on the host count: every host reads the global
+  batch stream and feeds its own block of rows, so 1 device, N devices and N hosts see the
+  same global batches (`config.data.host_sharded_reading` switches to per-host shard files).
+* Validation every epoch (official R@1/5/10/100/SumR); the best val SumR is kept in
+  `<workdir>/best`, the latest state in `<workdir>/checkpoints`; early stopping after more
+  than `config.train.patience` epochs without improvement (the official rule). At the end
+  the best checkpoint is evaluated on the test split -> `<workdir>/test_metrics.json`.
+* Checkpoints are Orbax, async and atomic, with JSON metadata (model fingerprint, epochs
+  done, best SumR, early-stop counter). Restarting with the same workdir resumes exactly:
+  the restored step fixes the data position and the RNG. `config.train.stop_after_steps`
+  saves and stops after that global step (a time-boxed job; run again to continue).
+* A non-finite loss stops the run (`NonFiniteLossError`) before that state can be saved.
+"""
+
+import os
+from typing import Any
+
+from absl import logging
+import jax
+from jax.sharding import Mesh
+import ml_collections
+import numpy as np
+import optax
+
+from prvr_jax import checkpoint
+from prvr_jax import files
+from prvr_jax import parallel
+from prvr_jax import summary
+from prvr_jax.data import pipeline
+from prvr_jax.eval import Evaluator, eval_split
+from prvr_jax.models import registry
+from prvr_jax.train import data as train_data
+from prvr_jax.train import logs
+from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
+from prvr_jax.train.state import make_optimizer
+from prvr_jax.train.step import make_train_step
+
+TEST_METRICS_FILE = 'test_metrics.json'
+
+
+def _check_batch_size(config: ml_collections.ConfigDict) -> None:
+  batch_size, devices = config.train.batch_size, jax.device_count()
+  if batch_size % devices or batch_size % jax.process_count():
+    raise ValueError(f'config.train.batch_size={batch_size} must be a multiple of the '
+                     f'{devices} devices ({jax.process_count()} processes).')
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+  """Trains (or resumes) in `workdir`; returns the test metrics of the best checkpoint
+  (None when `config.train.stop_after_steps` stopped the run)."""
+  is_main = jax.process_index() == 0
+  _check_batch_size(config)
+  os.makedirs(workdir, exist_ok=True)
+  mesh = parallel.make_mesh()
+  spec = registry.get_spec(config.model)
+  checkpoints = checkpoint.Checkpoints(workdir, config.train.checkpoint_keep)
+  writer = None
+  try:
+    checkpoints.check_model(config)
+    writer = logs.MetricWriter(workdir, is_main)
+    if is_main:
+      files.write_json(os.path.join(workdir, checkpoint.CONFIG_FILE), config.to_dict())
+    shards = pipeline.open_run_data(config, workdir)
+    num_epochs = config.train.num_epochs
+    epoch_steps = train_data.steps_per_epoch(config, shards)
+    tx, schedule = make_optimizer(config, epoch_steps * num_epochs)
+    abstract_state = abstract_train_state(config, tx, mesh)
+    restored = checkpoints.restore_latest(abstract_state)
+    if restored is None:
+      state = create_train_state(config, tx, mesh)
+      meta = {**checkpoint.model_fingerprint(config), 'steps_per_epoch': epoch_steps,
+              'step': 0, 'epochs_done': 0, 'best_sumr': -1.0, 'best_epoch': -1,
+              'es_count': 0, 'finished': False}
+      logging.info('Starting %s in %s.', spec.name, workdir)
+    else:
+      state, meta = restored
+      if meta['steps_per_epoch'] != epoch_steps:
+        raise ValueError(
+            f'{workdir} was trained with {meta["steps_per_epoch"]} steps per epoch, this '
+            f'config gives {epoch_steps} (config.train.batch_size={config.train.batch_size}); '
+            'resume with the original batch size and data, or use a new --workdir.')
+      checkpoints.drop_best_after(meta['step'])
+      logging.info('Resuming %s in %s from step %d (%d epochs done).', spec.name, workdir,
+                   meta['step'], meta['epochs_done'])
+    writer.truncate_after(meta['step'])
+    logging.info('Parameters:\n%s', summary.format_table(state.params, depth=2))
+    logging.info('%d devices in %d processes; global batch %d; %d steps per epoch; %d epochs.',
+                 jax.device_count(), jax.process_count(), config.train.batch_size, epoch_steps,
+                 num_epochs)
+
+    evaluator = Evaluator.from_config(config, mesh)
+    if not meta['finished']:
+      stopped = _train_epochs(config, mesh, tx, schedule, state, meta, epoch_steps, shards,
+                              evaluator, checkpoints, writer)
+      if stopped is None:
+        return None
+      state, meta = stopped
+    checkpoints.wait()
+
+    best = checkpoints.restore_best_params(abstract_state.params)
+    if best is None:
+      logging.warning('No best checkpoint in %s; testing the latest parameters.', workdir)
+      params, best_meta = state.params, meta
+    else:
+      params, best_meta = best
+    test = evaluator.evaluate(params, eval_split(config, shards, 'test'))
+    out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
+           'val_sumr': best_meta['best_sumr']}
+    if is_main:
+      files.write_json(os.path.join(workdir, TEST_METRICS_FILE), out)
+    writer.write(meta['step'], 'test', logs.loggable(test.metrics))
+    logging.info('Test, best checkpoint (epoch %d): R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f '
+                 'SumR %.1f', out['best_epoch'], out['r1'], out['r5'], out['r10'], out['r100'],
+                 out['sumr'])
+    return out
+  finally:
+    checkpoints.close()
+    if writer is not None:
+      writer.close()
+
+
+def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
+                  tx: optax.GradientTransformation, schedule: optax.Schedule,
+                  state: TrainState, meta: dict[str, Any], epoch_steps: int,
+                  shards: pipeline.ShardDataset, evaluator: Evaluator,
+                  checkpoints: checkpoint.Checkpoints,
+                  writer: logs.MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
+  """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None when
+  `config.train.stop_after_steps` stopped it."""
+  train_step = make_train_step(config, registry.get_spec(config.model), tx, schedule, mesh)
+  val_data = eval_split(config, shards, 'val')
+  stop_after = int(config.train.stop_after_steps)
+  every = int(config.train.checkpoint_every_steps)
+  step = int(meta['step'])
+  batches = train_data.train_batches(config, shards, step, mesh)
+  for epoch in range(meta['epochs_done'], config.train.num_epochs):
+    epoch_end = (epoch + 1) * epoch_steps
+    log = logs.StepLog(writer, checkpoints, max(int(config.train.log_every_steps), 1), epoch,
+                       step, epoch_end, epoch_steps, show=jax.process_index() == 0)
+    pending = None
+    # The host reads step t-1's metrics while step t runs: the NaN check costs no sync.
+    while step < epoch_end:
+      state, step_metrics = train_step(state, next(batches), np.int32(epoch))
+      step += 1
+      if pending is not None:
+        log.add(*pending)
+      pending = (step, step_metrics)
+      if step == stop_after or (every and step % every == 0 and step != epoch_end):
+        log.add(*pending)
+        pending = None
+        checkpoints.save_latest(state, {**meta, 'step': step})
+        if step == stop_after:
+          log.close()
+          logging.warning('Stopped after step %d (config.train.stop_after_steps).', step)
+          return None
+    if pending is not None:
+      log.add(*pending)
+    log.close()
+
+    val = evaluator.evaluate(state.params, val_data).metrics
+    improved = val['sumr'] > meta['best_sumr']
+    meta = {**meta, 'step': step, 'epochs_done': epoch + 1,
+            'es_count': 0 if improved else meta['es_count'] + 1}
+    if improved:
+      meta.update(best_sumr=val['sumr'], best_epoch=epoch)
+      checkpoints.save_best(state.params, {**meta, 'val': val})
+    patience = config.train.patience
+    early_stop = patience != -1 and meta['es_count'] > patience
+    meta['finished'] = early_stop or epoch + 1 == config.train.num_epochs
+    writer.write(step, 'val', {**logs.loggable(val), 'best_sumr': meta['best_sumr']},
+                 epoch=epoch)
+    logging.info('Epoch %d: train loss %.4f | val R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR '
+                 '%.1f%s | best SumR %.1f (epoch %d)', epoch, log.mean_loss(), val['r1'],
+                 val['r5'], val['r10'], val['r100'], val['sumr'], ' (new best)' if improved else '',
+                 meta['best_sumr'], meta['best_epoch'])
+    checkpoints.save_latest(state, meta)
+    if early_stop:
+      logging.info('Early stop: val SumR did not improve for %d epochs.', meta['es_count'])
+      break
+  return state, meta

@@ -1,0 +1,67 @@
+"""The train state, the optimiser of a config, and the state's (sharded) construction."""
+
+from typing import Any
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import ml_collections
+import optax
+
+from prvr_jax import optim
+from prvr_jax import parallel
+from prvr_jax.models import registry
+from prvr_jax.models.spec import ModelSpec
+
+
+class TrainState(struct.PyTreeNode):
+  """step: updates done; params: the model's `params` collection; rng: raw PRNG key."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+def make_optimizer(config: ml_collections.ConfigDict, total_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimiser of `config.optim` for `total_steps` updates, and its lr schedule.
+
+  The weight-decay mask and BertAdam's per-tensor clipping groups come from the rules the
+  model declares (`ModelSpec.no_decay`, `ModelSpec.stacked`) applied to its parameter tree.
+  """
+  spec = registry.get_spec(config.model)
+  shapes = spec.param_shapes(config.model)
+  tx = optim.make_optimizer(config.optim, total_steps, spec.weight_decay_mask(shapes),
+                            spec.stacked_mask(shapes))
+  schedule = optim.warmup_linear_schedule(config.optim.lr, config.optim.warmup_proportion,
+                                          total_steps)
+  return tx, schedule
+
+
+def _init_fn(config: ml_collections.ConfigDict, spec: ModelSpec,
+             tx: optax.GradientTransformation):
+  def init(rng: jax.Array) -> TrainState:
+    params_rng, train_rng = jax.random.split(rng)
+    params = spec.init_params(config.model, params_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=train_rng)
+  return init
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation,
+                         mesh: Mesh) -> TrainState:
+  """ShapeDtypeStructs (with replicated shardings) of the train state; nothing computed."""
+  init = _init_fn(config, registry.get_spec(config.model), tx)
+  abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+  sharding = parallel.replicated(mesh)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      abstract)
+
+
+def create_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation,
+                       mesh: Mesh) -> TrainState:
+  """Fresh state from `config.train.seed`, computed on device already replicated."""
+  init = jax.jit(_init_fn(config, registry.get_spec(config.model), tx),
+                 out_shardings=parallel.replicated(mesh))
+  return init(jax.random.PRNGKey(config.train.seed))

@@ -1,0 +1,49 @@
+"""The jitted train step: objective, gradients, update; per-step RNG by `fold_in`."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import ml_collections
+import optax
+
+from prvr_jax import parallel
+from prvr_jax.models.spec import LossContext, ModelSpec
+from prvr_jax.train.state import TrainState
+
+StepFn = Callable[[TrainState, dict[str, jax.Array], jax.Array],
+                  tuple[TrainState, dict[str, jax.Array]]]
+
+
+def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
+                    tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    mesh: Mesh) -> StepFn:
+  """Jitted `(state, batch, epoch) -> (state, metrics)` for the model of `spec`.
+
+  The state is donated; `epoch` is a traced int32 scalar (`LossContext.epoch`), so epoch-
+  dependent losses never recompile. The step's key `fold_in(state.rng, state.step)` is split
+  into one key per name of `spec.rng_streams`. metrics: `loss`, the objective's terms, `lr`
+  (of this update) and `grad_norm` (global L2 norm of the gradients before clipping), all
+  replicated scalars. Matmuls run at `config.train.matmul_precision`.
+  """
+  module = spec.build(config.model)
+  precision = config.train.matmul_precision
+
+  def step(state: TrainState, batch: dict[str, jax.Array], epoch: jax.Array
+           ) -> tuple[TrainState, dict[str, jax.Array]]:
+    keys = jax.random.split(jax.random.fold_in(state.rng, state.step), len(spec.rng_streams))
+    rngs = dict(zip(spec.rng_streams, keys))
+    ctx = LossContext(config=config, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
+    with jax.default_matmul_precision(precision):
+      (loss, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
+          module, state.params, batch, rngs, ctx)
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics: dict[str, Any] = {'loss': loss, **terms, 'lr': schedule(state.step),
+                               'grad_norm': optax.tree.norm(grads)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  replicated = parallel.replicated(mesh)
+  return jax.jit(step, out_shardings=(replicated, replicated), donate_argnums=0)

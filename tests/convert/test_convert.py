@@ -1,0 +1,234 @@
+"""prvr_jax.convert: torch checkpoint readers, the official name mapping and the CLI."""
+
+import collections
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import zipfile
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import serialization
+
+import support
+from prvr_jax import convert, models
+
+FIXTURES = support.OFFICIAL
+NAMES = ('gmmformer', 'gmmformer_v2')
+REPO = support.REPO
+
+
+def _ckpt(name):
+  return str(FIXTURES / f'{name}_best.ckpt')
+
+
+def _config(name):
+  return ml_collections.ConfigDict(dict(name=name, visual_dim=48, query_dim=40, hidden_dim=32,
+                                        num_heads=4, max_query_len=30, max_frames=128,
+                                        num_clips=32))
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_torch_free_reader_matches_recorded_values(name):
+  """Without torch, the official checkpoint's tensors equal the sums torch recorded."""
+  state_dict = convert.load_torch_checkpoint(_ckpt(name), use_torch=False)
+  fixture = np.load(FIXTURES / f'{name}.npz')
+  recorded = {k[len('ckpt_check/'):]: fixture[k] for k in fixture if k.startswith('ckpt_check/')}
+  assert set(state_dict) == set(recorded)
+  for key, (total, abs_total, first, last) in recorded.items():
+    value = state_dict[key]
+    assert value.dtype == np.float32
+    # float64 sums of the float32 values, in another order than torch's: ~1e-16 of sum |x|,
+    # which is the default scale here (the larger expected value), robust to a sum near 0.
+    support.assert_close([value.sum(dtype=np.float64), np.abs(value).sum(dtype=np.float64)],
+                         [total, abs_total], rtol=1e-12, err_msg=key)
+    assert value.ravel()[0] == first and value.ravel()[-1] == last, key
+
+
+def test_torch_free_reader_reads_the_whole_official_checkpoint():
+  ckpt = convert.read_torch_zip(_ckpt('gmmformer_v2'))
+  assert set(ckpt) == {'config', 'epoch', 'model_val', 'state_dict', 'optimizer'}
+  assert ckpt['config']['model_name'] == 'gmmformer_v2' and ckpt['epoch'] == 0
+  schedule = ckpt['optimizer']['param_groups'][0]['schedule']
+  assert isinstance(schedule, convert.OfficialObject) and schedule.warmup == 0.01
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_torch_and_torch_free_readers_agree(name):
+  pytest.importorskip('torch')
+  with_torch = convert.load_torch_checkpoint(_ckpt(name), use_torch=True)
+  without = convert.load_torch_checkpoint(_ckpt(name), use_torch=False)
+  assert list(with_torch) == list(without)
+  for key, value in with_torch.items():
+    assert value.dtype == without[key].dtype
+    np.testing.assert_array_equal(value, without[key], err_msg=key)
+
+
+def test_bare_state_dict_files_with_both_readers(tmp_path):
+  torch = pytest.importorskip('torch')
+  base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+  state = collections.OrderedDict(
+      w=base.t(), shared=base[1:3, 2:], half=base.half(), bf16=base.bfloat16(),
+      steps=torch.arange(3), flags=base > 1, param=torch.nn.Parameter(base.double()))
+  torch.save(state, tmp_path / 'sd.pt')
+  with_torch = convert.load_torch_checkpoint(str(tmp_path / 'sd.pt'), use_torch=True)
+  without = convert.load_torch_checkpoint(str(tmp_path / 'sd.pt'), use_torch=False)
+  assert list(with_torch) == list(without) == list(state)
+  for key, value in with_torch.items():
+    assert value.dtype == without[key].dtype, key
+    np.testing.assert_array_equal(value, without[key], err_msg=key)
+  np.testing.assert_array_equal(without['w'], base.numpy().T)
+  assert without['bf16'].dtype == np.float32
+
+
+class _Exploit:
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return os.system, (f'touch {self.marker}',)
+
+
+def _write_zip(path, pickle_bytes, records=()):
+  with zipfile.ZipFile(path, 'w') as archive:
+    archive.writestr('archive/data.pkl', pickle_bytes)
+    archive.writestr('archive/byteorder', 'little')
+    for key, data in records:
+      archive.writestr(f'archive/data/{key}', data)
+
+
+def test_malicious_pickle_is_refused(tmp_path):
+  marker = tmp_path / 'pwned'
+  payload = pickle.dumps({'state_dict': _Exploit(marker)}, protocol=2)
+  _write_zip(tmp_path / 'evil.ckpt', payload)
+  refused = r'refusing to load global (posix|os|nt)\.system'
+  with pytest.raises(pickle.UnpicklingError, match=refused):
+    convert.load_torch_checkpoint(str(tmp_path / 'evil.ckpt'), use_torch=False)
+  assert not marker.exists()
+  # A bare pickle is not a torch zip checkpoint and is never unpickled.
+  (tmp_path / 'evil.pkl').write_bytes(payload)
+  with pytest.raises(ValueError, match='not a torch zip checkpoint'):
+    convert.read_torch_zip(str(tmp_path / 'evil.pkl'))
+  assert not marker.exists()
+
+
+def _tensor_pickle(storage_type, location, numel, offset, size, stride):
+  """Protocol-2 opcodes of `{'w': _rebuild_tensor_v2(storage '0', offset, size, stride)}`."""
+  text = lambda s: b'X' + struct.pack('<I', len(s)) + s.encode()
+  ints = lambda xs: b'(' + b''.join(b'K' + bytes([x]) for x in xs) + b't'
+  return (b'\x80\x02}' + text('w')
+          + b'ctorch._utils\n_rebuild_tensor_v2\n('
+          + b'(' + text('storage') + f'ctorch\n{storage_type}\n'.encode() + text('0')
+          + text(location) + b'K' + bytes([numel]) + b'tQ'
+          + b'K' + bytes([offset]) + ints(size) + ints(stride)
+          + b'\x89ccollections\nOrderedDict\n)Rt' + b'Rs.')
+
+
+def test_torch_free_reader_strides_offsets_bfloat16_and_gpu_locations(tmp_path):
+  values = np.arange(8, dtype=np.float32) - 2.5
+  # A transposed [3, 2] view at offset 1 of a float32 storage saved on a GPU.
+  _write_zip(tmp_path / 'f32.pt', _tensor_pickle('FloatStorage', 'cuda:0', 8, 1, (3, 2), (1, 3)),
+             [('0', values.tobytes())])
+  got = convert.load_torch_checkpoint(str(tmp_path / 'f32.pt'), use_torch=False)['w']
+  np.testing.assert_array_equal(got, values[1:7].reshape(2, 3).T)
+  # bfloat16 storages are widened to float32 (bf16 = the high half of a float32).
+  bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
+  _write_zip(tmp_path / 'bf16.pt', _tensor_pickle('BFloat16Storage', 'cpu', 8, 0, (8,), (1,)),
+             [('0', bf16.tobytes())])
+  got = convert.load_torch_checkpoint(str(tmp_path / 'bf16.pt'), use_torch=False)['w']
+  np.testing.assert_array_equal(got, values)  # these values are exact in bfloat16
+  # A view running past its storage is refused.
+  _write_zip(tmp_path / 'bad.pt', _tensor_pickle('FloatStorage', 'cpu', 8, 4, (3, 2), (1, 3)),
+             [('0', values.tobytes())])
+  with pytest.raises(pickle.UnpicklingError, match='overruns its storage'):
+    convert.load_torch_checkpoint(str(tmp_path / 'bad.pt'), use_torch=False)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_round_trip_and_official_names(name):
+  config = _config(name)
+  shapes = models.get_spec(name).param_shapes(config)
+  leaves, treedef = jax.tree_util.tree_flatten(shapes)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_unflatten(
+      treedef, [rng.normal(size=s.shape).astype(np.float32) for s in leaves])
+  state_dict = convert.params_to_torch(params, name)
+  official = convert.load_torch_checkpoint(_ckpt(name), use_torch=False)
+  assert {k: v.shape for k, v in state_dict.items()} == {k: v.shape for k, v in official.items()}
+  back = convert.torch_to_params(state_dict, name, config)
+  jax.tree.map(np.testing.assert_array_equal, back, params)
+  # DataParallel checkpoints carry a 'module.' prefix.
+  prefixed = convert.torch_to_params({'module.' + k: v for k, v in state_dict.items()}, name)
+  jax.tree.map(np.testing.assert_array_equal, prefixed, params)
+
+  names = convert.torch_names(params, name)
+  assert jax.tree_util.tree_structure(names) == treedef
+  flat_names = jax.tree_util.tree_leaves(names)
+  assert {n.replace('attn*', 'attn0') for n in flat_names} <= set(official)
+  assert len(flat_names) == len(set(flat_names))
+  v2 = name == 'gmmformer_v2'
+  assert names['clip']['encoder_0']['branches']['attention']['query']['kernel'] == (
+      'clip_encoder.attn*.self.query.weight')
+  assert names['query']['input_proj']['norm']['scale'] == 'query_input_proj.LayerNorm.weight'
+  if v2:
+    assert names['frame']['encoder_0']['mix_out']['bias'] == 'frame_encoder_1.layer2.bias'
+    assert names['weight_token'] == 'weight_token'
+  else:
+    assert names['frame']['encoder_1']['branches']['norm']['scale'] == (
+        'frame_encoder_2.attn*.output.LayerNorm.weight')
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_stacked_branches_keep_the_official_order(name):
+  official = convert.load_torch_checkpoint(_ckpt(name), use_torch=False)
+  params = convert.torch_to_params(official, name)
+  kernels = params['clip']['encoder_0']['branches']['attention']['value']['kernel']
+  for k in range(kernels.shape[0]):
+    np.testing.assert_array_equal(kernels[k], official[f'clip_encoder.attn{k}.self.value.weight'].T)
+  if name == 'gmmformer_v2':
+    np.testing.assert_array_equal(params['weight_token'], official['weight_token'].reshape(-1))
+
+
+def test_mapping_error_lists_missing_unused_and_misshaped_keys():
+  state_dict = convert.load_torch_checkpoint(_ckpt('gmmformer_v2'), use_torch=False)
+  del state_dict['clip_encoder.attn3.norm2.bias']
+  state_dict['frame_encoder_2.attn0.self.query.weight'] = np.zeros((32, 32), np.float32)
+  state_dict['query_input_proj.net.1.weight'] = np.zeros((32, 41), np.float32)
+  with pytest.raises(ValueError) as error:
+    convert.torch_to_params(state_dict, 'gmmformer_v2', _config('gmmformer_v2'))
+  message = str(error.value)
+  assert 'missing torch keys (1)' in message
+  assert 'clip_encoder.attn3.norm2.bias (-> clip/encoder_0/branches/norm2/bias' in message
+  assert 'unused torch keys (1)' in message
+  assert 'frame_encoder_2.attn0.self.query.weight (32, 32)' in message
+  assert 'mis-shaped torch keys (1)' in message
+  assert ('query_input_proj.net.1.weight (32, 41) -> query/input_proj/dense/kernel expects '
+          '(40, 32)') in message
+
+
+def test_v1_checkpoint_into_v2_is_refused():
+  state_dict = convert.load_torch_checkpoint(_ckpt('gmmformer'), use_torch=False)
+  with pytest.raises(ValueError, match='missing torch keys') as error:
+    convert.torch_to_params(state_dict, 'gmmformer_v2', _config('gmmformer_v2'))
+  assert 'unused torch keys' in str(error.value)
+  assert 'clip_encoder_2.attn0.self.query.weight' in str(error.value)
+
+
+def test_cli_import_and_export(tmp_path):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
+  run = lambda *args: subprocess.run([sys.executable, '-m', 'prvr_jax.convert', *args], env=env,
+                                     check=True, capture_output=True, text=True)
+  run('--model=gmmformer', f'--checkpoint={_ckpt("gmmformer")}', f'--out={tmp_path}/p.msgpack')
+  official = convert.load_torch_checkpoint(_ckpt('gmmformer'), use_torch=False)
+  restored = serialization.msgpack_restore((tmp_path / 'p.msgpack').read_bytes())
+  jax.tree.map(np.testing.assert_array_equal, restored,
+               convert.torch_to_params(official, 'gmmformer'))
+  run('--model=gmmformer', f'--params={tmp_path}/p.msgpack', f'--out={tmp_path}/sd.npz')
+  exported = np.load(tmp_path / 'sd.npz')
+  assert set(exported) == set(official)
+  for key, value in official.items():
+    np.testing.assert_array_equal(exported[key], value, err_msg=key)

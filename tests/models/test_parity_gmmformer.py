@@ -1,0 +1,244 @@
+"""Parity with the official PyTorch GMMFormer v1 / v2 (fixtures: tests/fixtures/README.md).
+
+Each fixture checkpoint is imported through `prvr_jax.convert`; our forward outputs, eval scores,
+loss terms, gradients and BertAdam updates must match what the official code computed.
+"""
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import support
+from prvr_jax import convert, metrics, models, train
+from prvr_jax.data import preprocess, release
+from prvr_jax.models.spec import LossContext
+
+FIXTURES = support.OFFICIAL
+# Fixture loss names -> objective term names.
+TERMS = {'clip_nce': 'clip_nce', 'clip_trip': 'clip_triplet', 'frame_nce': 'frame_nce',
+         'frame_trip': 'frame_triplet', 'qdl': 'qdl', 'om': 'om'}
+# Both batches are padded to these static shapes (5 videos, 11 queries).
+NUM_VIDEOS, NUM_QUERIES = 5, 11
+# Parity: errors within 1e-5 (~80 eps) of each array's magnitude (max |official value|, see
+# `_close`), for the float32 rounding of both implementations (torch's on another CPU). For
+# the cosines and scores (magnitude 0.4-0.66) that is as strict as the former 1e-5 absolute
+# bound; it scales for the encodings (3-4.6: measured errors up to 7.8e-6 with XLA -O0, close
+# to that former bound) and the raw dot products (3-15, formerly 1e-4 absolute).
+PARITY_RTOL = 1e-5
+
+
+@functools.cache
+def _setup(name):
+  """(config, model, params, fixture) for one model; params come from the official checkpoint."""
+  fixture = dict(np.load(FIXTURES / f'{name}.npz'))
+  meta = json.loads(str(fixture['meta']))
+  dims = meta['dims']
+  config = support.load_config(name, 'tvr')
+  config.model.update(visual_dim=dims['visual_feat_dim'], query_dim=dims['q_feat_size'],
+                      hidden_dim=dims['hidden_size'], num_heads=dims['n_heads'],
+                      max_query_len=dims['max_desc_l'], max_frames=dims['max_ctx_l'],
+                      num_clips=dims['map_size'], dropout=0.0, input_dropout=0.0)
+  config.loss.hard_pool_size = meta['hard_pool_size']
+  state_dict = convert.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
+  params = convert.torch_to_params(state_dict, name, config.model)
+  return config, models.get_model(config.model), params, fixture
+
+
+def _batch(fixture, prefix, config):
+  """The fixture batch in our contract: frames padded to 128, words to 30, items to 5 / 11."""
+  x = {k[len(prefix) + 4:]: v for k, v in fixture.items() if k.startswith(prefix + '/in/')}
+  num_videos, num_queries = len(x['frame_mask']), len(x['query_mask'])
+  pad = lambda a, shape: np.pad(a, [(0, s - d) for s, d in zip(shape, a.shape)])
+  lf, lq = config.model.max_frames, config.model.max_query_len
+  return {
+      'clip_feats': pad(x['clip_feats'], (NUM_VIDEOS,) + x['clip_feats'].shape[1:]),
+      'frame_feats': pad(x['frame_feats'], (NUM_VIDEOS, lf, x['frame_feats'].shape[2])),
+      'frame_mask': pad(x['frame_mask'], (NUM_VIDEOS, lf)),
+      'video_valid': np.arange(NUM_VIDEOS) < num_videos,
+      'query_feats': pad(x['query_feats'], (NUM_QUERIES, lq, x['query_feats'].shape[2])),
+      'query_mask': pad(x['query_mask'], (NUM_QUERIES, lq)),
+      'query_valid': np.arange(NUM_QUERIES) < num_queries,
+      'query_video': pad(x['query_labels'].astype(np.int32), (NUM_QUERIES,)),
+  }, num_videos, num_queries
+
+
+@functools.cache
+def _step_fn(name):
+  """Jitted: eval outputs, training outputs, loss terms and gradients (one compile per model:
+  both fixture batches are padded to the same shapes)."""
+  config, model, _, _ = _setup(name)
+  spec = models.get_spec(config.model)
+  # Hard negatives on (the fixtures' hard mode, pool 1); dropout is 0.
+  ctx = LossContext(config=config, epoch=jnp.int32(1000), step=jnp.int32(0))
+  rngs = {'dropout': jax.random.key(1), 'negatives': jax.random.key(0)}
+
+  @jax.jit
+  def step(params, batch):
+    v = {'params': params}
+    videos = model.apply(v, batch, method='encode_videos')
+    queries = model.apply(v, batch, method='encode_queries')
+    (total, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
+        model, params, batch, rngs, ctx)
+    return dict(videos=videos, queries=queries,
+                scores=model.apply(v, queries, videos, method='score'), total=total,
+                terms=terms, outputs=model.apply(v, batch), grads=grads)
+
+  return step
+
+
+@functools.cache
+def _run(name, prefix):
+  config, _, params, fixture = _setup(name)
+  batch, num_videos, num_queries = _batch(fixture, prefix, config)
+  return jax.device_get(_step_fn(name)(params, batch)), num_videos, num_queries
+
+
+def _close(actual, expected, what, rtol=PARITY_RTOL, scale=None):
+  """|actual - expected| <= rtol * (|expected| + scale), scale = max|expected| by default."""
+  support.assert_close(actual, expected, rtol, scale=scale, err_msg=what)
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+@pytest.mark.parametrize('prefix', ['b1', 'b2'])
+def test_forward_scores_and_losses(name, prefix):
+  config, _, _, fixture = _setup(name)
+  ours, nv, nq = _run(name, prefix)
+  out = lambda key: fixture[f'{prefix}/out/{key}']
+
+  videos = ours['videos']
+  _close(videos['clips'][:nv], out('clips'), 'clips')
+  if name == 'gmmformer':
+    _close(videos['video'][:nv], out('video'), 'video vectors')
+  else:
+    _close(videos['frames'][:nv], out('frames'), 'frames')
+  _close(ours['queries'][:nq], out('queries'), 'queries')
+  _close(ours['scores'][:nq, :nv], out('scores'), 'eval scores')
+
+  outputs = ours['outputs']
+  _close(outputs['clip_scores'][:nq, :nv], out('clip_scores'), 'clip cosines')
+  _close(outputs['frame_scores'][:nq, :nv], out('frame_scores'), 'frame cosines')
+  _close(outputs['clip_logits'][:nq, :nv], out('clip_scores_raw'), 'clip logits')
+  _close(outputs['frame_logits'][:nq, :nv], out('frame_scores_raw'), 'frame logits')
+  expected_terms = {TERMS[k.split('/')[-1]]: v for k, v in fixture.items()
+                    if k.startswith(f'{prefix}/loss/') and not k.endswith('/total')}
+  assert set(ours['terms']) == set(expected_terms)
+  # The terms are summed into the total (1.2-1.7), so their absolute error is measured against
+  # it: some are small by cancellation (om = 1 - mean matched cosine ~ 0.06) or by their
+  # exponentials (qdl ~ 0.003-0.02), and rounding is relative to the O(1) cosines they
+  # come from, not to their own value.
+  total = float(fixture[f'{prefix}/loss/total'])
+  for term, value in expected_terms.items():
+    _close(ours['terms'][term], value, f'loss term {term}', scale=abs(total))
+  _close(ours['total'], total, 'total loss')
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_gradients(name):
+  _, _, _, fixture = _setup(name)
+  ours = convert.params_to_torch(_run(name, 'b1')[0]['grads'], name)
+  expected = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
+  assert set(ours) == set(expected)
+  # Some official gradients are analytically zero and hold only rounding noise (e.g. the key
+  # bias of unwindowed attention, v2's `layer2.bias`: softmax is shift invariant), so the
+  # relative norm error is taken against at least 1e-3 of the global gradient norm, and each
+  # element against 1e-3 of its value plus 1e-6 of the largest gradient element (no bare
+  # absolute bound: both parts scale with the gradients' magnitude).
+  global_norm = np.sqrt(sum(np.sum(np.square(g)) for g in expected.values()))
+  global_max = max(np.abs(g).max() for g in expected.values())
+  for key, g in expected.items():
+    assert np.isfinite(ours[key]).all(), f'grad {key} is not finite'
+    diff = np.abs(ours[key] - g)
+    rel = np.linalg.norm(diff) / max(np.linalg.norm(g), 1e-3 * global_norm)
+    assert rel <= 1e-4, f'grad {key}: relative error {rel:.3g}'
+    bad = diff > 1e-6 * global_max + 1e-3 * np.abs(g)
+    assert not bad.any(), f'grad {key}: {bad.sum()} elements off, max abs error {diff.max():.3g}'
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_bert_adam_steps(name):
+  """Two updates of the training optimiser (`train.make_optimizer`, config TVR values)
+  from the official gradients match two official BertAdam steps (the first has lr 0)."""
+  config, _, params, fixture = _setup(name)
+  meta = json.loads(str(fixture['meta']))
+  assert (config.optim.name, config.optim.lr, config.optim.warmup_proportion,
+          config.optim.weight_decay, config.optim.max_grad_norm) == (
+              'bert_adam', meta['lr'], meta['warmup'], meta['weight_decay'], 1.0)
+  grad_dict = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
+  grads = convert.torch_to_params(grad_dict, name, config.model)
+  tx, schedule = train.make_optimizer(config, meta['t_total'])
+  support.assert_close(schedule(1), fixture['step2/lr'], rtol=1e-6)  # float32 lr: ~1 rounding
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  p1, state = step(params, tx.init(params))
+  jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
+  p2 = convert.params_to_torch(jax.device_get(step(p1, state)[0]), name)
+  expected = {k[len('step2/'):]: v for k, v in fixture.items()
+              if k.startswith('step2/') and k != 'step2/lr'}
+  assert expected and set(expected) <= set(p2)
+  # Step 2 (lr 2e-4 / 3e-4, BertAdam's first m / sqrt(v) is +-3.2) moves elements by up to
+  # ~1e-3; 1e-6 of each tensor's magnitude (0.14-2.5; ~8 eps) checks that step to ~0.1-1% while
+  # allowing the float32 rounding of `p - lr * update` (<= 1 ulp) on either side.
+  for key, value in expected.items():
+    _close(p2[key], value, f'step-2 {key}', rtol=1e-6)
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+def test_tiny_release_scores(name):
+  """Our release readers, preprocessing and model reproduce the official dataset + validation
+  code on the tiny release test split (rows: caption-file order, columns: first appearance)."""
+  config, model, params, _ = _setup(name)
+  official = np.load(FIXTURES / f'tiny_scores_{name}.npz')
+  root = FIXTURES / 'tiny_release' / 'tiny'
+  captions = release.read_captions(str(root / 'TextData' / 'tinytest.caption.txt'))
+  video_ids = release.video_ids_in_order(captions)
+  assert [c for c, _ in captions] == list(official['cap_ids'])
+  assert video_ids == list(official['video_ids'])
+
+  bigfile = release.BigFile(str(root / 'FeatureData' / 'i3d_tiny'))
+  video2frames = release.read_video2frames(str(root / 'FeatureData' / 'i3d_tiny' /
+                                               'video2frames.txt'))
+  lf, lq = config.model.max_frames, config.model.max_query_len
+  clips, frames, frame_mask = [], np.zeros((len(video_ids), lf, 48), np.float32), np.zeros(
+      (len(video_ids), lf), np.float32)
+  for i, vid in enumerate(video_ids):
+    raw = bigfile.read(video2frames[vid])
+    clips.append(preprocess.l2_normalize(preprocess.average_to_fixed_length(raw)))
+    sampled = preprocess.l2_normalize(preprocess.uniform_feature_sampling(raw))
+    frames[i, :len(sampled)], frame_mask[i, :len(sampled)] = sampled, 1
+  text = release.CaptionFeatures(str(root / 'TextData' / 'roberta_tiny_query_feat.hdf5'))
+  query_feats = np.zeros((len(captions), lq, 40), np.float32)
+  query_mask = np.zeros((len(captions), lq), np.float32)
+  for i, (cap_id, _) in enumerate(captions):
+    tokens = preprocess.truncate_tokens(preprocess.l2_normalize(text.read(cap_id)))
+    query_feats[i, :len(tokens)], query_mask[i, :len(tokens)] = tokens, 1
+
+  # All 13 test videos fit in one official evaluation batch (100 videos), so v1's frame
+  # windows use that batch's maximum length, which `encode_videos` derives from the mask.
+  @jax.jit
+  def scores_fn(params):
+    v = {'params': params}
+    videos = model.apply(v, {'clip_feats': np.stack(clips), 'frame_feats': frames,
+                             'frame_mask': frame_mask}, method='encode_videos')
+    queries = model.apply(v, {'query_feats': query_feats, 'query_mask': query_mask},
+                          method='encode_queries')
+    return model.apply(v, queries, videos, method='score')
+
+  scores = np.asarray(scores_fn(params))
+  _close(scores, official['scores'], 'tiny release scores')
+  query_video = np.array([video_ids.index(release.video_id_of(c)) for c, _ in captions])
+  ours = metrics.retrieval_metrics(scores, query_video)
+  # Equal ranks give equal metrics (percentages of counts, float64). The ranks cannot flip
+  # within the score tolerance: where a rank sits at a recall boundary K, the score gap to the
+  # neighbour that could cross it exceeds the sum of their tolerances by >= 250x (v1) and
+  # >= 52x (v2).
+  support.assert_close([ours[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')],
+                       official['metrics'], rtol=1e-12)
