@@ -9,6 +9,5 @@ from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_win
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling', 'GMMBlock',
     'InputProjection', 'MultiHeadAttention', 'PositionalEncoding', 'QueryEncoder', 'VideoBranch',
-    'WINDOW_KINDS',
-    'constraint_window', 'stacked_windows',
+    'WINDOW_KINDS', 'constraint_window', 'stacked_windows',
 ]

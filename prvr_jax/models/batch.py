@@ -1,4 +1,4 @@
-"""Example batches in the batch contract (docs/design.md) for initialisation, tests and benchmarks."""
+"""Batches in the batch contract (docs/design.md) for initialisation, tests and benchmarks."""
 
 from typing import Any
 

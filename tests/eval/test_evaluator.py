@@ -123,7 +123,7 @@ def test_device_ranks_follow_the_tie_rule_in_any_gallery_order():
 
 
 def test_malformed_galleries_and_scores_are_refused(setup):
-  config, spec, params = setup
+  config, _, params = setup
   videos, queries, gt = _items(config, 5, [0, 1, 4])
   mesh = Mesh(np.array(jax.devices()), ('data',))
   evaluator = Evaluator(config.model, mesh, 3, 2)
@@ -135,7 +135,6 @@ def test_malformed_galleries_and_scores_are_refused(setup):
   bad = jax.tree.map(lambda p: p * np.nan, params)
   with pytest.raises(ValueError, match="Query 'q0'.*NaN or infinite"):
     evaluator.evaluate(bad, _split(videos, queries, gt, 3, 2))
-  del spec
 
 
 def test_batch_dependent_encodings_keep_official_chunks():
