@@ -36,9 +36,10 @@ def _batch(config, seed=0):
                              QUERY_LENGTHS, queries_per_video=2)
 
 
-def _rngs(spec, seed=0):
-  keys = jax.random.split(jax.random.key(seed), max(len(spec.rng_streams), 1))
-  return dict(zip(spec.rng_streams, keys))
+def _rngs(streams, seed=0):
+  """One key per stream name."""
+  keys = jax.random.split(jax.random.key(seed), max(len(streams), 1))
+  return dict(zip(streams, keys))
 
 
 def test_init_by_eval_shape_and_documented_counts(model):
@@ -65,7 +66,8 @@ def test_encode_score_and_training_scores_agree(model):
                           method='encode_videos')
     queries = module.apply(variables, {k: batch[k] for k in spec.query_inputs},
                            method='encode_queries')
-    scores = module.apply(variables, queries, videos, method='score', rngs=_rngs(spec))
+    scores = module.apply(variables, queries, videos, method='score',
+                          rngs=_rngs(spec.score_rng_streams))
     return videos, queries, scores, module.apply(variables, batch)
 
   videos, queries, scores, outputs = run(params, batch)
@@ -89,7 +91,7 @@ def test_loss_is_finite_and_every_parameter_gets_a_gradient(model):
   spec, config, module, params = model
   batch = _batch(config, seed=1)
   ctx = LossContext(config=config, epoch=jnp.int32(0), step=jnp.int32(0))
-  loss_fn = lambda p: spec.objective(module, p, batch, _rngs(spec), ctx)
+  loss_fn = lambda p: spec.objective(module, p, batch, _rngs(spec.rng_streams), ctx)
   (loss, terms), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
   assert np.isfinite(loss) and terms
   # The total is the sum of the terms: float32 sum of a few O(1) values.
