@@ -10,10 +10,13 @@ groups when spans are known) and `<output_dir>/scores.npy` ([queries in caption-
 order, videos in first-appearance order], float32). Multi-host flags as train.py.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from prvr_jax import config_lib
 from prvr_jax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +28,9 @@ _SPLIT = flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
     'for our checkpoints, <file>_eval_<split> beside an official file).')
+_CROSS_DATASET = flags.DEFINE_bool(
+    'cross_dataset', False, 'Evaluate one of our checkpoints on data other than the split it '
+    'was trained with (refused otherwise); metrics.json then records cross_dataset: true.')
 parallel.define_distributed_flags()
 
 
@@ -35,9 +41,11 @@ def main(argv: list[str]) -> None:
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
-  eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value)
+  eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value,
+                               _CROSS_DATASET.value)
 
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'checkpoint'])
+  config_lib.check_override_flags(sys.argv)
   app.run(main)

@@ -15,12 +15,17 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prvr_jax import config_lib
 from prvr_jax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, logs and metrics go here; '
                                'an existing workdir is resumed.')
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    'allow_config_change', False, 'Resume a workdir with changed settings (lr, loss weights, '
+    'epochs, ...; recorded in config_history.jsonl). Changes to the model or the data stream '
+    'are never accepted.')
 parallel.define_distributed_flags()
 
 
@@ -33,7 +38,7 @@ def main(argv: list[str]) -> None:
   from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _ALLOW_CONFIG_CHANGE.value)
   except train.NonFiniteLossError as e:
     logging.error('%s', e)
     sys.exit(f'train.py: {e}')
@@ -41,4 +46,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
+  config_lib.check_override_flags(sys.argv)
   app.run(main)

@@ -2,14 +2,20 @@
 
 Workdir layout (written by `prvr_jax.train`): `checkpoints/<step>` (the latest full train
 states), `best/<step>` (the best parameters), each an Orbax checkpoint with a JSON `meta`
-item holding the model fingerprint and the loop position; `config.json`, the run's config.
+item holding the model fingerprint, the training data's identity, the loop position and
+the sha256 of the saved arrays; `config.json`, the run's config.
+
+Nothing is trusted blindly: a step folder without its metadata (an interrupted save) is
+skipped with a warning (and set aside when training resumes), a checkpoint that cannot be
+read is refused with a message naming its folder, restored arrays must match the sha256
+recorded when they were saved (a flipped bit is caught), and parameters must be finite.
 
 `load_params` serves evaluation, the training loop's final test and user code: it builds no
 optimizer (a full state is restored partially, parameters only) and checks that the
 checkpoint holds the configured model.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import hashlib
 import json
 import logging as pylogging
@@ -18,18 +24,28 @@ from typing import Any
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from prvr_jax import convert
 from prvr_jax import parallel
+from prvr_jax.files import short
 from prvr_jax.models import registry
+from prvr_jax.models.spec import path_of
 
 LATEST_DIR = 'checkpoints'
 BEST_DIR = 'best'
 CONFIG_FILE = 'config.json'
 TORCH_SUFFIXES = ('.ckpt', '.pth', '.pt', '.bin')
+# Orbax writes this file last when it finalises a step folder.
+_FINALIZED = '_CHECKPOINT_METADATA'
+
+
+class CheckpointError(ValueError):
+  """A damaged, incomplete or mismatching checkpoint; the message names its folder."""
 
 
 def model_fingerprint(config: ml_collections.ConfigDict) -> dict[str, str]:
@@ -45,7 +61,7 @@ def check_fingerprint(meta: Mapping[str, Any], config: ml_collections.ConfigDict
   want = model_fingerprint(config)
   have = {k: meta.get(k) for k in want}
   if have != want:
-    raise ValueError(
+    raise CheckpointError(
         f'{where} holds a checkpoint of model {have["model"]!r} (model config hash '
         f'{have["model_config_hash"]}), but the config describes model {want["model"]!r} '
         f'(hash {want["model_config_hash"]}). Use a new --workdir, or the config the '
@@ -59,20 +75,148 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: Mesh) -> Any:
                       registry.get_spec(config.model).param_shapes(config.model))
 
 
-def _read_meta(manager: ocp.CheckpointManager, step: int | None = None) -> dict[str, Any] | None:
-  """The JSON metadata of `step` (default: the latest) of `manager`, or None."""
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    return None
-  return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+def _host(x: Any) -> np.ndarray:
+  """A leaf on the host; a replicated array of several processes from its local copy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not x.is_fully_replicated:
+      raise ValueError('checkpoint checksums are computed on replicated arrays only')
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
 
 
-def _restore_newest(manager: ocp.CheckpointManager, **items: Any) -> Any:
-  """The newest checkpoint of `manager` (its `items` and its JSON `meta`), or None."""
-  step = manager.latest_step()
-  if step is None:
-    return None
-  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **items))
+def tree_digest(tree: Any) -> str:
+  """sha256 of a pytree's leaves (dtype, shape and bytes, in flattening order)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    array = np.ascontiguousarray(_host(leaf))
+    digest.update(f'{array.dtype.str}{array.shape}'.encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def check_finite(params: Any, where: str) -> None:
+  """Raises naming the first parameter that holds NaN or inf values."""
+  counts = jax.tree.map(lambda x: jnp.sum(~jnp.isfinite(x)), params)
+  bad = [(path_of(path), int(_host(n))) for path, n in jax.tree_util.tree_leaves_with_path(counts)
+         if int(_host(n))]
+  if bad:
+    raise CheckpointError(f'{where}: {len(bad)} parameter(s) hold NaN or inf values (first: '
+                          f'{bad[0][0]}, {bad[0][1]} values); refusing to use them.')
+
+
+class _Store:
+  """The steps of one Orbax manager folder, each an `item` and a JSON `meta` item.
+
+  `digests(value)` names the sub-trees whose sha256 a save records in `meta['digests']`.
+  With `writable`, incomplete step folders are set aside (renamed `<step>.incomplete`) so
+  that the run can save that step again.
+  """
+
+  def __init__(self, directory: str, item: str, digests: Callable[[Any], dict[str, Any]],
+               keep: int = 1, writable: bool = False):
+    self.directory, self.item, self._digests = directory, item, digests
+    for step in self._incomplete_steps():
+      step_dir = os.path.join(directory, str(step))
+      if writable:
+        aside = f'{step_dir}.incomplete'
+        logging.warning('%s is an incomplete checkpoint (an interrupted save); it is set '
+                        'aside as %s.', step_dir, aside)
+        os.replace(step_dir, aside)
+      else:
+        logging.warning('%s is an incomplete checkpoint (an interrupted save); skipped.',
+                        step_dir)
+    if writable:
+      options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
+                                             enable_async_checkpointing=True)
+      self.manager = ocp.CheckpointManager(directory, item_names=(item, 'meta'),
+                                           options=options)
+    else:
+      self.manager = ocp.CheckpointManager(directory)
+
+  def _step_folders(self) -> list[int]:
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+
+  def _is_complete(self, step: int) -> bool:
+    step_dir = os.path.join(self.directory, str(step))
+    return (os.path.isfile(os.path.join(step_dir, _FINALIZED))
+            and os.path.isfile(os.path.join(step_dir, 'meta', 'metadata'))
+            and os.path.isdir(os.path.join(step_dir, self.item)))
+
+  def _incomplete_steps(self) -> list[int]:
+    return [s for s in self._step_folders() if not self._is_complete(s)]
+
+  def steps(self) -> list[int]:
+    """The complete steps, oldest first."""
+    return [s for s in self._step_folders() if self._is_complete(s)]
+
+  def latest_step(self) -> int | None:
+    steps = self.steps()
+    return steps[-1] if steps else None
+
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON metadata of `step`."""
+    return dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
+
+  def restore(self, step: int, args: Any, part: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """(value, meta) of `step`: `args` restore the item; the restored value (or its `part`,
+    when `args` restore only that sub-tree) must match the recorded sha256."""
+    restored = self._restore(step, meta=ocp.args.JsonRestore(), **{self.item: args})
+    meta = dict(restored.meta)
+    value = restored[self.item]
+    if part is not None:
+      value = value[part]
+    recorded = meta.get('digests', {}).get(part or self.item)
+    step_dir = os.path.join(self.directory, str(step))
+    if recorded is None:
+      logging.warning('%s records no checksum of its arrays (written by an older version); '
+                      'restored unverified.', step_dir)
+    elif tree_digest(value) != recorded:
+      raise CheckpointError(
+          f'{step_dir} is corrupted: the sha256 of its {part or self.item} arrays differs from '
+          f'the one recorded when they were saved. {self._alternatives(step)}')
+    return value, meta
+
+  def _restore(self, step: int, **items: Any) -> Any:
+    step_dir = os.path.join(self.directory, str(step))
+    try:
+      return self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # pylint: disable=broad-except  (Orbax / TensorStore errors)
+      raise CheckpointError(
+          f'{step_dir} cannot be read ({type(e).__name__}: {short(str(e), 200, quote=False)}); '
+          f'the checkpoint is damaged or incomplete. {self._alternatives(step)}') from None
+
+  def _alternatives(self, step: int) -> str:
+    others = [s for s in self.steps() if s != step]
+    if others:
+      return (f'Other complete steps in {self.directory}: {others}; use one of them '
+              f'(delete {step} to resume from an earlier one).')
+    return 'There is no other complete step in this folder.'
+
+  def save(self, value: Any, meta: dict[str, Any]) -> None:
+    digests = {name: tree_digest(tree) for name, tree in self._digests(value).items()}
+    self.manager.save(int(meta['step']), args=ocp.args.Composite(
+        **{self.item: ocp.args.StandardSave(value)},
+        meta=ocp.args.JsonSave({**meta, 'digests': digests})))
+
+  def delete(self, step: int) -> None:
+    self.manager.delete(step)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def _latest_store(directory: str, keep: int = 1, writable: bool = False) -> _Store:
+  return _Store(directory, 'state', lambda state: {'state': state, 'params': state.params},
+                keep, writable)
+
+
+def _best_store(directory: str, writable: bool = False) -> _Store:
+  return _Store(directory, 'params', lambda params: {'params': params}, 1, writable)
 
 
 def _params_only(abstract: Any) -> ocp.args.PyTreeRestore:
@@ -83,62 +227,64 @@ def _params_only(abstract: Any) -> ocp.args.PyTreeRestore:
 
 
 class Checkpoints:
-  """`<workdir>/checkpoints` (latest full states) and `<workdir>/best` (best params).
+  """`<workdir>/checkpoints` (latest full states) and `<workdir>/best` (best params) of a run.
 
-  Both are Orbax `CheckpointManager`s with async, atomic saves and a JSON `meta` item. A best
+  Async, atomic Orbax saves with a JSON `meta` item (and the arrays' sha256). A best
   checkpoint is finished before the latest checkpoint of the same step starts, so a latest
   checkpoint never refers to a best one that is missing.
   """
 
   def __init__(self, workdir: str, keep: int = 1):
-    options = dict(create=True, enable_async_checkpointing=True)
-    self.latest = ocp.CheckpointManager(
-        os.path.join(workdir, LATEST_DIR), item_names=('state', 'meta'),
-        options=ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), **options))
-    self.best = ocp.CheckpointManager(
-        os.path.join(workdir, BEST_DIR), item_names=('params', 'meta'),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, **options))
     self.workdir = workdir
+    self.latest = _latest_store(os.path.join(workdir, LATEST_DIR), keep, writable=True)
+    self.best = _best_store(os.path.join(workdir, BEST_DIR), writable=True)
+
+  def latest_meta(self) -> dict[str, Any] | None:
+    """The metadata of the newest full state, or None."""
+    step = self.latest.latest_step()
+    return None if step is None else self.latest.meta(step)
 
   def check_model(self, config: ml_collections.ConfigDict) -> None:
     """Raises if the workdir holds checkpoints of another model."""
-    for manager in (self.latest, self.best):
-      meta = _read_meta(manager)
-      if meta is not None:
-        check_fingerprint(meta, config, self.workdir)
+    for store in (self.latest, self.best):
+      step = store.latest_step()
+      if step is not None:
+        check_fingerprint(store.meta(step), config, self.workdir)
 
   def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
     """(state, meta) of the newest full state, or None."""
-    restored = _restore_newest(self.latest, state=ocp.args.StandardRestore(abstract_state))
-    return None if restored is None else (restored.state, dict(restored.meta))
+    step = self.latest.latest_step()
+    if step is None:
+      return None
+    return self.latest.restore(step, ocp.args.StandardRestore(abstract_state))
 
   def restore_best_params(self, abstract: Any) -> tuple[Any, dict[str, Any]] | None:
     """(params, meta) of the best checkpoint, or None."""
-    restored = _restore_newest(self.best, params=ocp.args.StandardRestore(abstract))
-    return None if restored is None else (restored.params, dict(restored.meta))
+    step = self.best.latest_step()
+    if step is None:
+      return None
+    return self.best.restore(step, ocp.args.StandardRestore(abstract))
 
   def drop_best_after(self, step: int) -> None:
     """Deletes best checkpoints newer than the resumed step (a run stopped in between wrote
     them; the resumed run will write the same ones again)."""
-    for s in self.best.all_steps():
+    for s in self.best.steps():
       if s > step:
         self.best.delete(s)
 
   def save_latest(self, state: Any, meta: dict[str, Any]) -> None:
-    self.latest.save(int(meta['step']), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+    self.latest.save(state, meta)
 
   def save_best(self, params: Any, meta: dict[str, Any]) -> None:
-    self.best.save(int(meta['step']), args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))
-    self.best.wait_until_finished()
+    self.best.save(params, meta)
+    self.best.wait()
 
   def latest_step(self) -> int | None:
     return self.latest.latest_step()
 
   def wait(self) -> None:
-    self.best.wait_until_finished()
-    self.latest.wait_until_finished()
+    self.best.wait()
+    self.latest.wait()
 
   def close(self) -> None:
     self.best.close()
@@ -154,7 +300,7 @@ def _location(path: str) -> tuple[str, str, int | None]:
   path = os.path.abspath(path)
   if os.path.isdir(os.path.join(path, BEST_DIR)) or os.path.isdir(os.path.join(path, LATEST_DIR)):
     best = os.path.join(path, BEST_DIR)
-    if os.path.isdir(best) and any(d.isdigit() for d in os.listdir(best)):
+    if _best_store(best).latest_step() is not None:
       return path, best, None
     return path, os.path.join(path, LATEST_DIR), None
   name = os.path.basename(path)
@@ -179,38 +325,43 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
     mesh: from `parallel.make_mesh()`.
 
   Returns:
-    (params, info) with info `{'source': 'official' | 'prvr_jax', 'path', 'workdir', 'step'}`
-    (`workdir` is None for official files).
+    (params, info) with info `{'source': 'official' | 'prvr_jax', 'path', 'workdir', 'step',
+    'data'}`: `workdir` is None for official files, `data` the training data's identity
+    recorded in our checkpoints (None for official files).
   """
   if os.path.isfile(path):
     if not path.endswith(TORCH_SUFFIXES):
       raise ValueError(f'{path} is a file but not a PyTorch checkpoint '
                        f'({", ".join(TORCH_SUFFIXES)}).')
     state_dict = convert.load_torch_checkpoint(path)
+    check_finite(state_dict, path)
     params = convert.torch_to_params(state_dict, config.model.name, config.model)
     return (parallel.replicate(params, mesh),
-            {'source': 'official', 'path': path, 'workdir': None, 'step': None})
+            {'source': 'official', 'path': path, 'workdir': None, 'step': None, 'data': None})
   if not os.path.exists(path):
     raise FileNotFoundError(f'--checkpoint={path} does not exist.')
   workdir, directory, step = _location(path)
-  manager = ocp.CheckpointManager(directory)
+  is_best = os.path.basename(directory) == BEST_DIR
+  store = _best_store(directory) if is_best else _latest_store(directory)
   try:
-    step = manager.latest_step() if step is None else step
-    if step is None or step not in manager.all_steps():
-      raise ValueError(f'{directory} holds no complete checkpoint'
-                       + (f' at step {step}.' if step is not None else '.'))
-    check_fingerprint(_read_meta(manager, step), config, directory)
+    steps = store.steps()
+    step = store.latest_step() if step is None else step
+    if step is None or step not in steps:
+      raise CheckpointError(f'{directory} holds no complete checkpoint'
+                            + (f' at step {step} (complete steps: {steps}).'
+                               if step is not None else '.'))
+    check_fingerprint(store.meta(step), config, directory)
     abstract = abstract_params(config, mesh)
-    if os.path.basename(directory) == BEST_DIR:
-      args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
-      params = manager.restore(step, args=args).params
+    if is_best:
+      params, meta = store.restore(step, ocp.args.StandardRestore(abstract))
     else:
-      params = manager.restore(step, args=ocp.args.Composite(
-          state=_params_only(abstract))).state['params']
+      params, meta = store.restore(step, _params_only(abstract), part='params')
   finally:
-    manager.close()
-  return params, {'source': 'prvr_jax', 'path': os.path.join(directory, str(step)),
-                  'workdir': workdir, 'step': step}
+    store.close()
+  step_dir = os.path.join(directory, str(step))
+  check_finite(params, step_dir)
+  return params, {'source': 'prvr_jax', 'path': step_dir, 'workdir': workdir, 'step': step,
+                  'data': meta.get('data')}
 
 
 def quiet_library_logs() -> None:

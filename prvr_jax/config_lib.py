@@ -9,7 +9,11 @@ of named variants (dotted keys), through `build_config`:
     return config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET)
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+import difflib
+import importlib.util
+import math
+import os
 from typing import Any
 
 import ml_collections
@@ -107,6 +111,9 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.test_split = 'test'
   config.data.max_queries_per_batch = 0  # 0: local batch x max captions per video
   config.data.skip_bad_items = False
+  # True accepts a training split that shares videos with the val/test splits (test leakage;
+  # recorded in the shard manifest and warned about).
+  config.data.allow_split_overlap = False
   config.data.shuffle_buffer = 1024
   # False: every host reads the whole batch stream and keeps its rows (results independent of
   # the host count); True: each host reads only its own shard files (less I/O on large pods).
@@ -141,3 +148,160 @@ def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, A
   apply_overrides(config, per_dataset[variant])
   apply_overrides(config, SMALL_VARIANTS.get(variant, {}))
   return config
+
+
+# ----------------------------------------------------------------------------- validation
+
+MATMUL_PRECISIONS = ('float32', 'tensorfloat32', 'bfloat16')
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def _integer(low: int) -> Callable[[Any], str | None]:
+  return lambda v: None if _is_int(v) and v >= low else f'must be an integer >= {low}'
+
+
+def _number(low: float | None = None, high: float | None = None, low_open: bool = False,
+            high_open: bool = False) -> Callable[[Any], str | None]:
+  bounds = []
+  if low is not None:
+    bounds.append(f'{">" if low_open else ">="} {low}')
+  if high is not None:
+    bounds.append(f'{"<" if high_open else "<="} {high}')
+  text = ' '.join(['must be a finite number', ' and '.join(bounds)]).strip()
+
+  def check(v):
+    ok = _is_number(v) and (low is None or (v > low if low_open else v >= low)) and (
+        high is None or (v < high if high_open else v <= high))
+    return None if ok else text
+  return check
+
+
+def _choice(*values: Any) -> Callable[[Any], str | None]:
+  return lambda v: None if v in values else f'must be one of {list(values)}'
+
+
+def _flag(v: Any) -> str | None:
+  return None if isinstance(v, bool) else 'must be True or False'
+
+
+def _warmup(v: Any) -> str | None:
+  return None if _is_number(v) and (0 <= v < 1 or v == -1) else 'must be in [0, 1), or -1'
+
+
+def _widths(v: Any) -> str | None:
+  ok = isinstance(v, (list, tuple)) and v and all(w is None or (_is_number(w) and w > 0)
+                                                    for w in v)
+  return None if ok else 'must be a non-empty list of positive numbers or None'
+
+
+def _mv_groups(v: Any) -> str | None:
+  ok = isinstance(v, (list, tuple)) and all(
+      isinstance(g, (list, tuple)) and len(g) == 2 and all(_is_number(x) for x in g)
+      and 0 <= g[0] < g[1] <= 1 for g in v)
+  return None if ok else 'must be a list of (low, high) pairs with 0 <= low < high <= 1'
+
+
+# Range and type of every field with a meaning (the same names across models); any other
+# number of `model`, `loss` and `optim` must be finite.
+FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
+    **{f'model.{k}': _integer(1) for k in ('visual_dim', 'query_dim', 'hidden_dim', 'num_heads',
+                                            'max_query_len', 'max_frames', 'num_clips')},
+    'model.dropout': _number(0, 1, high_open=True),
+    'model.input_dropout': _number(0, 1, high_open=True),
+    'model.temperature': _number(0, low_open=True),
+    'model.widths': _widths,
+    **{f'loss.{k}': _number(0) for k in ('clip_nce', 'frame_nce', 'qdl', 'om', 'margin',
+                                          'qdl_gamma')},
+    'loss.qdl_alpha': _number(0, low_open=True),
+    'loss.hard_pool_size': _integer(1),
+    'loss.hard_negative_start_epoch': _integer(0),
+    'optim.name': _choice('bert_adam', 'adamw'),
+    'optim.lr': _number(0, low_open=True),
+    'optim.warmup_proportion': _warmup,
+    'optim.weight_decay': _number(0),
+    'train.batch_size': _integer(1),
+    'train.num_epochs': _integer(1),
+    'train.patience': _integer(-1),
+    'train.seed': _integer(0),
+    'train.log_every_steps': _integer(1),
+    'train.checkpoint_keep': _integer(1),
+    'train.checkpoint_every_steps': _integer(0),
+    'train.stop_after_steps': _integer(0),
+    'train.matmul_precision': _choice(*MATMUL_PRECISIONS),
+    'eval.query_batch_size': _integer(1),
+    'eval.video_batch_size': _integer(1),
+    'eval.matmul_precision': _choice(*MATMUL_PRECISIONS),
+    'eval.mv_groups': _mv_groups,
+    'data.shuffle_buffer': _integer(1),
+    'data.max_queries_per_batch': _integer(0),
+    'data.skip_bad_items': _flag,
+    'data.allow_split_overlap': _flag,
+    'data.host_sharded_reading': _flag,
+}
+
+
+def flat_items(config: Any, prefix: str = '') -> dict[str, Any]:
+  """{'section.key': value} of a (nested) ConfigDict or mapping."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, (Mapping, ml_collections.ConfigDict)):
+      out.update(flat_items(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks the type and range of every field in one pass; raises one ValueError naming each
+  bad field (as its --config flag) and what it must be."""
+  problems = []
+  for key, value in flat_items(config).items():
+    rule = FIELD_RULES.get(key)
+    if rule is None and key.split('.')[0] in ('model', 'loss', 'optim') and (
+        isinstance(value, float) and not math.isfinite(value)):
+      rule = _number()
+    problem = rule(value) if rule is not None else None
+    if problem:
+      problems.append(f'--config.{key}={value!r} {problem}')
+  model = config.get('model', {})
+  if (_is_int(model.get('hidden_dim')) and _is_int(model.get('num_heads'))
+      and model['num_heads'] > 0 and model['hidden_dim'] % model['num_heads']):
+    problems.append(f'--config.model.hidden_dim={model["hidden_dim"]} must be a multiple of '
+                    f'--config.model.num_heads={model["num_heads"]}')
+  if problems:
+    raise ValueError('Invalid config:\n  ' + '\n  '.join(problems))
+
+
+def check_override_flags(argv: Sequence[str], flag: str = 'config') -> None:
+  """Refuses `--config.x.y=v` overrides naming no field of the `--config` file, naming the
+  flag and the nearest valid key (ml_collections would raise a bare AttributeError).
+
+  Call before `absl.app.run` parses the flags; does nothing without a `--config=FILE` flag.
+  """
+  files_given = [a.split('=', 1)[1] for a in argv if a.startswith(f'--{flag}=')]
+  if not files_given:
+    return
+  path, _, arg = files_given[-1].partition(':')
+  if not os.path.isfile(path):
+    raise SystemExit(f'--{flag}={files_given[-1]}: no config file {path}')
+  spec = importlib.util.spec_from_file_location('_checked_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  known = flat_items(module.get_config(arg or None))
+  for item in argv:
+    if item.startswith(f'--{flag}.'):
+      key = item[len(flag) + 3:].split('=', 1)[0]
+      if key not in known:
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+        hint = f'; did you mean --{flag}.{close[0]}?' if close else (
+            f'; the config has: {", ".join(sorted({k.split(".")[0] for k in known}))}')
+        raise SystemExit(f'Unknown config key --{flag}.{key} (no field {key!r} in '
+                         f'{path}){hint}')

@@ -20,6 +20,8 @@ Mapping (`torch_to_params` / `params_to_torch`): each model declares its name ma
 import collections
 import dataclasses
 import io
+import math
+import os
 import pickle
 import re
 import zipfile
@@ -29,6 +31,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from prvr_jax import files
+from prvr_jax.files import short
 from prvr_jax.models import registry
 from prvr_jax.models.spec import OfficialCheckpoint
 
@@ -69,20 +73,41 @@ class _StorageType:
   name: str
 
 
+# Bounds checked before anything is read or allocated. The pickle of a state_dict (names and
+# tensor headers) is a few hundred KB; tensor data must be exactly what the headers declare.
+MAX_PICKLE_BYTES = 64 << 20
+MAX_SMALL_RECORD_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class _StorageStub:
+  """A storage's element count and dtype, for the validation pass (no data read)."""
+  size: int
+  dtype: np.dtype
+
+
 def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False,
                     backward_hooks=None, metadata=None):
-  """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view."""
+  """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view (None for a
+  `_StorageStub`). A tensor must address only elements of its storage and hold no more
+  elements than it has (no zero or overlapping strides), so copying it costs no more memory
+  than the file's own data."""
   del requires_grad, backward_hooks, metadata
   size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
   if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
     raise pickle.UnpicklingError(f'bad tensor record: size {size}, stride {stride}, '
                                  f'offset {storage_offset}')
-  if any(s == 0 for s in size):
-    return np.zeros(size, storage.dtype)
-  last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
-  if last >= storage.size:
+  numel = math.prod(size)
+  if numel > storage.size:
+    raise pickle.UnpicklingError(f'a tensor of size {size} (stride {stride}) declares {numel} '
+                                 f'elements but its storage holds {storage.size}')
+  if numel and storage_offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size:
     raise pickle.UnpicklingError(f'tensor of size {size} / stride {stride} at offset '
                                  f'{storage_offset} overruns its storage of {storage.size}')
+  if isinstance(storage, _StorageStub):
+    return None
+  if not numel:
+    return np.zeros(size, storage.dtype)
   itemsize = storage.dtype.itemsize
   view = np.lib.stride_tricks.as_strided(storage[storage_offset:], size,
                                          tuple(s * itemsize for s in stride), writeable=False)
@@ -103,55 +128,80 @@ _TORCH_GLOBALS = {
 }
 
 
+def _record(archive: zipfile.ZipFile, name: str, limit: int, path: str,
+            exact: bool = False) -> zipfile.ZipInfo:
+  """Record `name`, refused (before inflating anything) when its declared size exceeds
+  `limit` (differs from it with `exact`)."""
+  try:
+    info = archive.getinfo(name)
+  except KeyError:
+    raise pickle.UnpicklingError(f'{path}: missing record {name}') from None
+  if info.file_size > limit or (exact and info.file_size != limit):
+    expected = f'{limit} bytes' if exact else f'at most {limit} bytes'
+    raise pickle.UnpicklingError(
+        f'{path}: record {name} declares {info.file_size} bytes, expected {expected} from its '
+        'header; the file is not a well-formed torch checkpoint (refused before reading it)')
+  return info
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
-  """Unpickles `data.pkl` of a torch zip checkpoint, admitting only `_TORCH_GLOBALS`."""
+  """Unpickles `data.pkl` of a torch zip checkpoint, admitting only `_TORCH_GLOBALS`.
+
+  With `materialize=False` storages are not read: every tensor header is checked against
+  its storage record's declared size, and tensors come back as None.
+  """
 
   def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, byteorder: str,
-               path: str):
+               path: str, materialize: bool):
     super().__init__(io.BytesIO(data))
     self._archive, self._prefix, self._byteorder, self._path = archive, prefix, byteorder, path
-    self._storages: dict[str, np.ndarray] = {}
+    self._materialize = materialize
+    self._storages: dict[str, np.ndarray | _StorageStub] = {}
 
   def find_class(self, module: str, name: str) -> Any:
     try:
       return _TORCH_GLOBALS[(module, name)]
     except KeyError:
       raise pickle.UnpicklingError(
-          f'{self._path}: refusing to load global {module}.{name}; a torch checkpoint holds '
-          'only tensors, storages and plain containers') from None
+          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: prvr_jax reads '
+          'only tensors, storages and plain containers (a state_dict, or the official '
+          "checkpoint's dict with one), and never runs code from a checkpoint") from None
 
-  def persistent_load(self, pid: Any) -> np.ndarray:
+  def persistent_load(self, pid: Any) -> np.ndarray | _StorageStub:
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
-            and isinstance(pid[1], _StorageType)):
-      raise pickle.UnpicklingError(f'{self._path}: unexpected persistent id {pid!r}')
+            and isinstance(pid[1], _StorageType) and isinstance(pid[4], int) and pid[4] >= 0):
+      raise pickle.UnpicklingError(f'{self._path}: unexpected persistent id {short(pid)}')
     _, storage_type, key, _, numel = pid  # the location (e.g. 'cuda:0') is irrelevant here
+    key = str(key)
     if key not in self._storages:
-      self._storages[key] = self._storage_array(storage_type.name, str(key), int(numel))
+      self._storages[key] = self._storage(storage_type.name, key, numel)
     return self._storages[key]
 
-  def _storage_array(self, type_name: str, key: str, numel: int) -> np.ndarray:
-    record = f'{self._prefix}data/{key}'
-    try:
-      raw = self._archive.read(record)
-    except KeyError:
-      raise pickle.UnpicklingError(f'{self._path}: missing storage record {record}') from None
+  def _storage(self, type_name: str, key: str, numel: int) -> np.ndarray | _StorageStub:
     dtype = _STORAGE_DTYPES[type_name]
+    record_dtype = np.dtype('uint16' if dtype == 'bfloat16' else dtype)
+    info = _record(self._archive, f'{self._prefix}data/{key}', numel * record_dtype.itemsize,
+                   self._path, exact=True)
+    if not self._materialize:
+      return _StorageStub(numel, np.dtype(np.float32 if dtype == 'bfloat16' else dtype))
+    array = np.frombuffer(self._archive.read(info),
+                          dtype=record_dtype.newbyteorder(self._byteorder))
     if dtype == 'bfloat16':
-      bits = np.frombuffer(raw, dtype=np.dtype('uint16').newbyteorder(self._byteorder))
-      array = (bits.astype(np.uint32) << 16).view(np.float32)
-    else:
-      array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder(self._byteorder))
-    if array.size != numel:
-      raise pickle.UnpicklingError(f'{self._path}: storage {record} holds {array.size} '
-                                   f'elements, its header says {numel}')
+      array = (array.astype(np.uint32) << 16).view(np.float32)
     return array.astype(array.dtype.newbyteorder('='))
 
 
-def read_torch_zip(path: str) -> Any:
+def read_torch_zip(path: str, materialize: bool = True) -> Any:
   """The object saved by `torch.save` at `path`, read without torch; tensors become numpy.
 
+  Nothing is inflated or allocated beyond what the file's headers declare, and those are
+  checked first: the pickle is at most `MAX_PICKLE_BYTES`, every storage record holds exactly
+  its declared elements, every tensor lies inside its storage. `materialize=False` only
+  checks (tensors come back as None).
+
   Raises `pickle.UnpicklingError` (naming the file) for anything but tensors, storages and
-  plain containers, and `ValueError` for files that are not torch zip checkpoints.
+  plain containers or for malformed records, `ValueError` for files that are not torch zip
+  checkpoints.
   """
   if not zipfile.is_zipfile(path):
     raise ValueError(f'{path} is not a torch zip checkpoint (torch >= 1.6 format); '
@@ -159,23 +209,26 @@ def read_torch_zip(path: str) -> Any:
   with zipfile.ZipFile(path) as archive:
     pickles = [n for n in archive.namelist() if n.endswith('data.pkl') and n.count('/') <= 1]
     if len(pickles) != 1:
-      raise ValueError(f'{path}: expected one data.pkl record in the torch zip, found {pickles}')
+      raise ValueError(f'{path}: expected one data.pkl record in the torch zip, found '
+                       f'{short(pickles)}')
     prefix = pickles[0][:-len('data.pkl')]
-    names = set(archive.namelist())
     byteorder = 'little'
-    if prefix + 'byteorder' in names:
-      byteorder = archive.read(prefix + 'byteorder').decode().strip()
+    if prefix + 'byteorder' in set(archive.namelist()):
+      byteorder = archive.read(_record(archive, prefix + 'byteorder', MAX_SMALL_RECORD_BYTES,
+                                       path)).decode(errors='replace').strip()
     if byteorder not in ('little', 'big'):
-      raise ValueError(f'{path}: unknown byteorder {byteorder!r}')
+      raise ValueError(f'{path}: unknown byteorder {short(byteorder)}')
     byteorder = '<' if byteorder == 'little' else '>'
-    return _RestrictedUnpickler(archive.read(pickles[0]), archive, prefix, byteorder,
-                                path).load()
+    data = archive.read(_record(archive, pickles[0], MAX_PICKLE_BYTES, path))
+    return _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize).load()
 
 
 def _torch_load(path: str) -> Any:
   """`torch.load(weights_only=True)` that also admits the official schedule classes as inert
-  placeholders; tensors become numpy."""
+  placeholders; tensors become numpy. The file first passes `read_torch_zip`'s checks, so
+  torch never reads a record larger than declared or builds a tensor beyond its storage."""
   import torch  # pylint: disable=g-import-not-at-top
+  read_torch_zip(path, materialize=False)
   placeholders = [(OfficialObject, f'{_OFFICIAL_SCHEDULE_MODULE}.{name}')
                   for name in _OFFICIAL_SCHEDULES]
   with torch.serialization.safe_globals(placeholders):
@@ -209,6 +262,8 @@ def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str,
     use_torch: read with torch (True), with the torch-free reader (False), or torch when it
       is importable (None).
   """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path} does not exist (or is not a file)')
   if use_torch is None:
     use_torch = _torch_available()
   obj = _torch_load(path) if use_torch else read_torch_zip(path)
@@ -392,21 +447,28 @@ def main(argv):
     raise ValueError('pass exactly one of --checkpoint (torch -> msgpack) and --params '
                      '(msgpack -> torch names)')
   if args.checkpoint:
-    params = torch_to_params(load_torch_checkpoint(args.checkpoint), args.model)
-    with open(args.out, 'wb') as f:
-      f.write(serialization.msgpack_serialize(params))
+    state_dict = load_torch_checkpoint(args.checkpoint)
+    bad = [k for k, v in state_dict.items() if not np.isfinite(v).all()]
+    if bad:
+      raise ValueError(f'{args.checkpoint}: {len(bad)} tensor(s) hold NaN or inf values '
+                       f'(first: {short(bad[0], quote=False)}); refusing to convert them')
+    params = torch_to_params(state_dict, args.model)
+    files.write_atomic(args.out, lambda f: f.write(serialization.msgpack_serialize(params)))
     print(f'wrote {args.out}: {sum(x.size for x in jax.tree_util.tree_leaves(params)):,} '
           f'{args.model} parameters')
     return
+  if not args.out.endswith('.npz') and not _torch_available():
+    raise ValueError(f'--out={args.out}: writing a torch file needs torch installed; write an '
+                     '.npz instead')
   with open(args.params, 'rb') as f:
     params = serialization.msgpack_restore(f.read())
   state_dict = params_to_torch(params.get('params', params), args.model)
   if args.out.endswith('.npz'):
-    np.savez(args.out, **state_dict)
+    files.write_atomic(args.out, lambda f: np.savez(f, **state_dict))
   else:
     import torch  # pylint: disable=g-import-not-at-top
-    torch.save(collections.OrderedDict((k, torch.from_numpy(v)) for k, v in state_dict.items()),
-               args.out)
+    tensors = collections.OrderedDict((k, torch.from_numpy(v)) for k, v in state_dict.items())
+    files.write_atomic(args.out, lambda f: torch.save(tensors, f))
   print(f'wrote {args.out}: {len(state_dict)} official {args.model} tensors')
 
 

@@ -1,14 +1,97 @@
-"""Small file helpers shared by the data, training and evaluation code."""
+"""Safe file writing shared by data preparation, training and evaluation, and short messages.
 
+Every output is written to a new, uniquely named temporary file in its folder (created
+exclusively, so nothing planted there is followed or overwritten) and then renamed over its
+name. A rename replaces a symbolic link planted at that name instead of writing through it,
+and a reader sees the old file or the new one, never half of one. `publish` extends this to
+several files that belong together.
+"""
+
+from collections.abc import Callable, Mapping
+import contextlib
 import json
 import os
-from typing import Any
+import tempfile
+from typing import Any, BinaryIO
+
+import numpy as np
+
+# Longest text of a value echoed in an error message (ids, lines, lists).
+MESSAGE_VALUE_CHARS = 80
+
+
+def short(value: Any, limit: int = MESSAGE_VALUE_CHARS, quote: bool = True) -> str:
+  """`repr(value)` (`str` without `quote`) cut to about `limit` characters, saying how long it
+  was."""
+  text = repr(value) if quote else str(value)
+  if len(text) <= limit:
+    return text
+  return f'{text[:limit]}... ({len(text)} characters)'
+
+
+Writer = Callable[[BinaryIO], Any]
+
+
+def json_writer(obj: Any) -> Writer:
+  """Writes `obj` as indented JSON with sorted keys."""
+  return lambda f: f.write((json.dumps(obj, indent=2, sort_keys=True) + '\n').encode('utf-8'))
+
+
+def npy_writer(array: np.ndarray) -> Writer:
+  """Writes `array` in .npy format (no pickles)."""
+  return lambda f: np.save(f, array, allow_pickle=False)
+
+
+def _write_temporary(path: str, write: Writer) -> str:
+  """A new file beside `path` (created exclusively) holding what `write(f)` wrote, flushed to
+  disk; returns its name. Nothing is left behind on failure."""
+  folder, name = os.path.split(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=folder)
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+  except BaseException:
+    os.unlink(tmp)
+    raise
+  return tmp
+
+
+def write_atomic(path: str, write: Writer) -> None:
+  """Replaces `path` with what `write(f)` writes, atomically and never through a link."""
+  publish(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): write},
+          marker=os.path.basename(path))
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Writes `obj` as JSON to `path` atomically (a temporary file, then a rename)."""
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
+  """Writes `obj` as JSON to `path` atomically."""
+  write_atomic(path, json_writer(obj))
+
+
+def publish(folder: str, outputs: Mapping[str, Writer], marker: str) -> None:
+  """Writes the files `outputs` (name -> writer) of `folder` so that they appear together or
+  not at all.
+
+  All are written to temporary files first; then the old `marker` file (one of `outputs`,
+  the file readers treat as "the result is complete") is removed, the others are renamed
+  into place, and `marker` last. An interruption leaves either the old complete set, or a
+  set without `marker`, or the new complete set. A single output simply replaces its file.
+  """
+  if marker not in outputs:
+    raise ValueError(f'marker {marker!r} is not one of the outputs {sorted(outputs)}')
+  os.makedirs(folder, exist_ok=True)
+  temporary = {}
+  try:
+    for name, write in outputs.items():
+      temporary[name] = _write_temporary(os.path.join(folder, name), write)
+    if len(outputs) > 1:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, marker))
+    for name in sorted(outputs, key=lambda n: n == marker):
+      os.replace(temporary[name], os.path.join(folder, name))
+      del temporary[name]
+  finally:
+    for tmp in temporary.values():
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)

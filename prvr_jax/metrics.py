@@ -9,8 +9,9 @@ Tie rule (ours; the official code uses an unstable argsort, so its ties are
 arbitrary): candidates are ordered by descending score and, among equal scores,
 by ascending column index. The rank of a ground truth `g` of row `i` is therefore
   1 + #{j : s[i, j] > s[i, g]} + #{j < g : s[i, j] == s[i, g]},
-and with several ground truths the smallest of their ranks counts. NaN scores are
-rejected rather than ranked.
+and with several ground truths the smallest of their ranks counts. Non-finite scores (NaN,
++-inf) are rejected rather than ranked: a score matrix holding them is broken, and ranking
+it would report numbers that mean nothing (an all-infinite matrix "scores" SumR 333.3).
 """
 
 from collections.abc import Sequence
@@ -41,8 +42,11 @@ def ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
   if scores.ndim != 2 or scores.shape != positives.shape:
     raise ValueError(f'scores {scores.shape} and positives {positives.shape} must be '
                      'the same [rows, columns] shape.')
-  if np.isnan(scores).any():
-    raise ValueError('Score matrix holds NaN; cannot rank.')
+  bad = ~np.isfinite(scores)
+  if bad.any():
+    row, col = np.argwhere(bad)[0]
+    raise ValueError(f'Score matrix holds {int(bad.sum())} non-finite values (NaN or inf; first '
+                     f'at row {row}, column {col}: {scores[row, col]}); cannot rank.')
   missing = np.flatnonzero(~positives.any(axis=1))
   if missing.size:
     raise ValueError(f'Rows {missing[:10].tolist()} have no ground-truth column.')

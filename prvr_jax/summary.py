@@ -7,6 +7,7 @@ parameter and ends with `total parameters: <N>`.
 """
 
 import math
+import sys
 from typing import Any
 
 from absl import app
@@ -14,6 +15,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from prvr_jax import config_lib
 from prvr_jax.models import registry
 from prvr_jax.models.spec import path_of
 
@@ -54,4 +56,5 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Model config file[:variant].',
                                   lock_config=True)
   flags.mark_flag_as_required('config')
+  config_lib.check_override_flags(sys.argv)
   app.run(main)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from prvr_jax import files
 from prvr_jax import metrics
 from prvr_jax.data import prepare
 
@@ -96,9 +97,24 @@ class ShardDataset:
   preprocessing: dict[str, Any]
   splits: dict[str, ShardSplit]
 
+  split_overlaps: dict[str, Any] = dataclasses.field(default_factory=dict)
+
   @property
   def manifest_path(self) -> str:
     return os.path.join(self.dir, prepare.MANIFEST)
+
+  def identity(self) -> dict[str, Any]:
+    """What the data is, independent of where it lies: the collection and features it was
+    prepared from, and per split a sha256 of its shards' and index's sha256s (prepared
+    shards are byte-identical for the same inputs). Recorded in checkpoints, compared on
+    resume and evaluation."""
+    def digest(split):
+      parts = [s.sha256 for s in split.shards] + [split.index_sha256]
+      return hashlib.sha256(' '.join(parts).encode()).hexdigest()[:16]
+    return {'collection': self.preprocessing.get('collection'),
+            'visual_feature': self.preprocessing.get('visual_feature'),
+            'text_feature': self.preprocessing.get('text_feature'),
+            'splits': {name: digest(split) for name, split in sorted(self.splits.items())}}
 
   def split(self, name: str) -> ShardSplit:
     if name not in self.splits:
@@ -142,9 +158,15 @@ def open_shards(path: str) -> ShardDataset:
         has_spans=s['has_spans'], skipped=tuple(tuple(x) for x in s['skipped']),
         index_path=os.path.join(path, s['index']['file']), index_sha256=s['index']['sha256'])
   pre = manifest['preprocessing']
+  overlaps = manifest.get('split_overlaps', {})
+  if overlaps:
+    _log.warning('%s was prepared with a training split that shares videos with other splits '
+                 '(allow_split_overlap): %s; metrics on those splits are not a clean test.',
+                 path, ', '.join(f'{k}: {v["videos"]} videos' for k, v in overlaps.items()))
   return ShardDataset(dir=path, visual_dim=manifest['visual_dim'], query_dim=manifest['query_dim'],
                       num_clips=pre['num_clips'], max_frames=pre['max_frames'],
-                      max_query_len=pre['max_query_len'], preprocessing=pre, splits=splits)
+                      max_query_len=pre['max_query_len'], preprocessing=pre, splits=splits,
+                      split_overlaps=overlaps)
 
 
 def verify_checksums(shards: Sequence[Shard]) -> None:
@@ -556,16 +578,21 @@ def _is_release(path: str) -> bool:
              for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
 
 
-def check_dims(shards: ShardDataset, model_config) -> None:
-  """Raises naming the `config.model` flag whose value disagrees with the shards."""
-  for flag, value in (('visual_dim', shards.visual_dim), ('query_dim', shards.query_dim),
-                      ('num_clips', shards.num_clips), ('max_frames', shards.max_frames),
-                      ('max_query_len', shards.max_query_len)):
-    want = model_config.get(flag)
-    if want is not None and want != value:
-      raise ValueError(f'config.model.{flag}={want} but the shards in {shards.dir} have '
-                       f'{flag}={value}; set --config.model.{flag}={value} or prepare the '
-                       'shards again with matching settings')
+def check_config(shards: ShardDataset, config) -> None:
+  """Raises naming the `config.model` / `config.data` flag whose value disagrees with the
+  shards (their dims, or the collection and features they were prepared from)."""
+  checks = [('model', flag, value) for flag, value in (
+      ('visual_dim', shards.visual_dim), ('query_dim', shards.query_dim),
+      ('num_clips', shards.num_clips), ('max_frames', shards.max_frames),
+      ('max_query_len', shards.max_query_len))]
+  checks += [('data', flag, shards.preprocessing.get(flag))
+             for flag in ('collection', 'visual_feature', 'text_feature')]
+  for section, flag, value in checks:
+    want = config[section].get(flag)
+    if want and value is not None and want != value:
+      raise ValueError(f'config.{section}.{flag}={want!r} but the shards in {shards.dir} have '
+                       f'{flag}={value!r}; set --config.{section}.{flag}={value} if this is the '
+                       'data you mean, or point config.data.dir to the right data')
 
 
 def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
@@ -574,8 +601,8 @@ def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
   `config.data.dir` may be a shard folder (with manifest.json), or a release folder,
   which is prepared once into `<workdir>/shards`; an empty dir with
   `config.data.name == 'synthetic'` generates the synthetic benchmark into
-  `<workdir>/synthetic` (size `config.data.synthetic_size`). Dims are checked against
-  `config.model`.
+  `<workdir>/synthetic` (size `config.data.synthetic_size`). Dims, collection and features
+  are checked against the config (`check_config`).
   """
   data = config.data
   path = data.dir
@@ -604,14 +631,11 @@ def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
         if json.load(f) != source:
           raise ValueError(f'{out} holds shards of another release ({source_file}); '
                            'use another workdir')
-    else:
-      os.makedirs(out, exist_ok=True)
-      with open(source_file, 'w', encoding='utf-8') as f:
-        json.dump(source, f)
     prepare.prepare_from_config(config, out)
+    files.write_json(source_file, source)
     path = out
   shards = open_shards(path)
-  check_dims(shards, config.model)
+  check_config(shards, config)
   return shards
 
 

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,7 +41,9 @@ import tensorflow_datasets as tfds
 
 from tensorflow_datasets.core import writer as tfds_writer
 
+from prvr_jax import config_lib
 from prvr_jax import files
+from prvr_jax.files import short
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 
@@ -94,11 +97,11 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
         start, end, duration = (float(v) for v in parts[1:])
       except ValueError:
         raise release_lib.DataError(
-            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {line.strip()!r}'
+            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {short(line.strip())}'
         ) from None
       if not (0 <= start <= end <= duration) or not math.isfinite(duration):
         raise release_lib.DataError(
-            f'{path}:{lineno}: caption {parts[0]!r} needs 0 <= start <= end <= duration, '
+            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
             f'got {start} {end} {duration}')
       moments[parts[0]] = (start, end, duration)
   return moments
@@ -244,6 +247,76 @@ def sha256_file(path: str) -> str:
   return digest.hexdigest()
 
 
+# Input files up to this size are fingerprinted by their content, larger ones (the feature
+# arrays) by size and modification time: re-hashing tens of GB on every run would cost minutes.
+_HASHED_BYTES = 64 << 20
+
+
+def _file_identity(path: str) -> dict[str, Any] | None:
+  if not os.path.isfile(path):
+    return None
+  stat = os.stat(path)
+  if stat.st_size <= _HASHED_BYTES:
+    return {'sha256': sha256_file(path)}
+  return {'bytes': stat.st_size, 'mtime_ns': stat.st_mtime_ns}
+
+
+def input_fingerprint(release: release_lib.Release, split: str, settings: dict[str, Any]) -> str:
+  """sha256 of what a split's shards are made from: the preprocessing settings, the caption
+  and moments files, and the feature files (paths relative to the collection folder)."""
+  layout = release.layout
+  paths = [layout.caption_path(split), moments_path(release, split), *layout.feature_files()]
+  record = {'settings': settings,
+            'files': {os.path.relpath(p, layout.collection_dir): _file_identity(p) for p in paths}}
+  return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _written_counts(paths: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+  """Per shard file: the `video_order` and caption count of each record, read back."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  spec = {'video_order': tf.io.FixedLenFeature([], tf.int64),
+          'caption_order': tf.io.VarLenFeature(tf.int64)}
+  out = []
+  for path in paths:
+    orders, counts = [], []
+    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+      example = tf.io.parse_single_example(record, spec)
+      orders.append(int(example['video_order']))
+      counts.append(int(tf.size(example['caption_order'].values)))
+    out.append((orders, counts))
+  return out
+
+
+def _check_moments(moments: dict, split: release_lib.ReleaseSplit, path: str) -> None:
+  """A moments file must cover every caption of its split (the M/V metrics need them all)."""
+  missing = [c for c in split.caption_ids if c not in moments]
+  if moments and missing:
+    raise release_lib.DataError(
+        f'{path} gives moments for {len(split.caption_ids) - len(missing)} of the '
+        f'{len(split.caption_ids)} captions of split {split.name!r} (first without: '
+        f'{short(missing[0])}); the moment-to-video metrics need every caption: complete the '
+        'file, or remove it to evaluate without them.')
+
+
+def split_overlaps(out_dir: str, manifest: dict[str, Any], train_split: str
+                   ) -> dict[str, dict[str, Any]]:
+  """Videos shared by `train_split` and each other split: 'train&test' -> count, examples."""
+  def videos(name):
+    entry = manifest['splits'][name]
+    with open(os.path.join(out_dir, entry['index']['file']), encoding='utf-8') as f:
+      return json.load(f)['video_ids']
+  if train_split not in manifest['splits']:
+    return {}
+  train = set(videos(train_split))
+  out = {}
+  for name in sorted(manifest['splits']):
+    if name != train_split:
+      shared = [v for v in videos(name) if v in train]
+      if shared:
+        out[f'{train_split}&{name}'] = {'videos': len(shared), 'first': shared[:3]}
+  return out
+
+
 def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Release) -> int:
   frames = sum(min(split.num_frames(v), release.max_frames) + release.num_clips
                for v in split.video_ids)
@@ -252,17 +325,20 @@ def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Relea
 
 
 def _split_summary(split: release_lib.ReleaseSplit, moments: dict, shards: list[dict],
-                   index_file: str, index_sha: str) -> dict[str, Any]:
-  counts = [len(split.captions_of(v)) for v in split.video_ids]
+                   counts: list[int], index_file: str, index_sha: str,
+                   fingerprint: str) -> dict[str, Any]:
+  """The manifest entry of a split; `counts`: captions per video as read back from the
+  written shards."""
   histogram = collections.Counter(counts)
   return {
-      'num_videos': len(split.video_ids),
-      'num_captions': len(split.caption_ids),
+      'num_videos': sum(s['num_videos'] for s in shards),
+      'num_captions': sum(s['num_captions'] for s in shards),
       'max_captions_per_video': max(counts),
       'caption_count_histogram': {str(k): histogram[k] for k in sorted(histogram)},
-      'has_spans': all(c in moments for c in split.caption_ids),
+      'has_spans': bool(moments),
       'skipped': [list(item) for item in split.skipped],
       'index': {'file': index_file, 'sha256': index_sha},
+      'input_fingerprint': fingerprint,
       'shards': shards,
   }
 
@@ -279,9 +355,10 @@ def _write_index(path: str, split: release_lib.ReleaseSplit, moments: dict) -> N
   })
 
 
-def _split_done(out_dir: str, entry: dict | None) -> bool:
-  """Whether a manifest entry's shard and index files are all there, at their sizes."""
-  if not entry:
+def _split_done(out_dir: str, entry: dict | None, fingerprint: str) -> bool:
+  """Whether a manifest entry was made from the same inputs and its shard and index files are
+  all there, at their sizes."""
+  if not entry or entry.get('input_fingerprint') != fingerprint:
     return False
   paths = [(os.path.join(out_dir, d['file']), d['bytes']) for d in entry['shards']]
   return (os.path.isfile(os.path.join(out_dir, entry['index']['file']))
@@ -294,17 +371,27 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
                    num_clips: int = preprocess.NUM_CLIPS, max_frames: int = preprocess.MAX_FRAMES,
                    max_query_len: int = preprocess.MAX_QUERY_LEN,
                    visual_dim: int | None = None, query_dim: int | None = None,
-                   skip_bad_items: bool = False, num_shards: int = 0) -> str:
+                   skip_bad_items: bool = False, num_shards: int = 0,
+                   train_split: str = 'train', allow_split_overlap: bool = False) -> str:
   """Writes (or finishes) a shard folder; returns the path of its manifest.
+
+  Each split records a fingerprint of its inputs (`input_fingerprint`): a re-run skips the
+  splits made from the same inputs and rebuilds those whose release files changed. Counts in
+  the manifest are read back from the written shards.
 
   Args:
     release_dir: the release root (holding `<collection>/`) or the collection folder.
-    out_dir: the shard folder; a re-run skips the splits it already finished.
+    out_dir: the shard folder.
     splits: split names (default: every split with a caption file).
     visual_dim, query_dim: expected dims (a mismatch raises naming the config flag).
     skip_bad_items: skip (and record in the manifest) bad videos / captions.
     num_shards: shards per split; 0 = about 256 MiB each, at least 8.
+    train_split: the training split, which must share no video with the other splits (test
+      leakage) unless `allow_split_overlap` (then the overlap is recorded and warned about).
   """
+  if num_shards < 0:
+    raise ValueError(f'--num_shards={num_shards}: the number of shards per split must be '
+                     'positive, or 0 for about 256 MiB per shard')
   release = release_lib.Release(
       release_dir, collection, visual_feature, text_feature, num_clips=num_clips,
       max_frames=max_frames, max_query_len=max_query_len, visual_dim=visual_dim,
@@ -321,8 +408,11 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       'l2_eps': preprocess.L2_EPS,
       'skip_bad_items': skip_bad_items,
   }
-  os.makedirs(out_dir, exist_ok=True)
   manifest_path = os.path.join(out_dir, MANIFEST)
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(manifest_path):
+    raise ShardError(f'refusing to write shards into {out_dir}: it is a non-empty folder '
+                     f'without {MANIFEST}, not a shard folder; choose a new or empty --out')
+  os.makedirs(out_dir, exist_ok=True)
   manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
               'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
               'preprocessing': settings, 'splits': {}}
@@ -331,16 +421,26 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       old = json.load(f)
     if old.get('preprocessing') != settings:
       raise ShardError(f'{manifest_path} was prepared with other settings '
-                       f'({old.get("preprocessing")}); use another --out or delete it')
+                       f'({short(old.get("preprocessing"), 300)}); use another --out or delete it')
     manifest['splits'] = {k: v for k, v in old.get('splits', {}).items() if k in splits}
     manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
+  files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
 
   for name in splits:
-    if _split_done(out_dir, manifest['splits'].get(name)):
+    fingerprint = input_fingerprint(release, name, settings)
+    entry = manifest['splits'].get(name)
+    if _split_done(out_dir, entry, fingerprint):
       _log.info('split %s: already prepared in %s', name, out_dir)
       continue
+    if entry:
+      _log.warning('split %s: its release files changed since it was prepared in %s; '
+                   'rebuilding it', name, out_dir)
+      del manifest['splits'][name]
+      manifest['complete'] = False
+      files.write_json(manifest_path, manifest)
     split = release.split(name)
     moments = split_moments(release, name)
+    _check_moments(moments, split, moments_path(release, name))
     n = num_shards or _auto_num_shards(split, release)
     config = PrvrConfig(
         name=f'{release.collection}-{visual_feature or text_feature}-{name}',
@@ -350,35 +450,52 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
     builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
     _log.info('split %s: %d videos, %d captions -> %d shards in %s', name,
               len(split.video_ids), len(split.caption_ids), n, builder.data_dir)
+    # Regenerate, never reuse a dataset TFDS finds in the folder: it may be of other inputs.
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=release_dir, num_shards=min(n, len(split.video_ids))))
+        manual_dir=release_dir, num_shards=min(n, len(split.video_ids)),
+        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
     if split.skipped:
       _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
                    split.skipped[0][1])
 
-    info = builder.info.splits[name]
-    shard_files = [os.fspath(p) for p in info.filenames]
-    lengths = list(info.shard_lengths)
-    counts = [len(split.captions_of(v)) for v in split.video_ids]
-    bounds = np.cumsum([0] + lengths)
-    shards = []
-    for i, (fname, length) in enumerate(zip(shard_files, lengths)):
-      path = os.path.join(builder.data_dir, fname)
-      shards.append({
-          'file': os.path.relpath(path, out_dir),
-          'num_videos': length,
-          'num_captions': sum(counts[bounds[i]:bounds[i + 1]]),
-          'bytes': os.path.getsize(path),
-          'sha256': sha256_file(path),
-      })
+    paths = [os.path.join(builder.data_dir, os.fspath(f))
+             for f in builder.info.splits[name].filenames]
+    written = _written_counts(paths)
+    orders = [o for shard_orders, _ in written for o in shard_orders]
+    counts = [c for _, shard_counts in written for c in shard_counts]
+    if sorted(orders) != list(range(len(split.video_ids))) or sum(counts) != len(
+        split.caption_ids):
+      raise ShardError(f'the shards of split {name!r} in {builder.data_dir} hold {len(orders)} '
+                       f'videos and {sum(counts)} captions, but the split has '
+                       f'{len(split.video_ids)} videos and {len(split.caption_ids)} captions; '
+                       'delete the folder and prepare again')
+    shards = [{'file': os.path.relpath(path, out_dir), 'num_videos': len(shard_orders),
+               'num_captions': sum(shard_counts), 'bytes': os.path.getsize(path),
+               'sha256': sha256_file(path)}
+              for path, (shard_orders, shard_counts) in zip(paths, written)]
     index_file = f'index-{name}.json'
     _write_index(os.path.join(out_dir, index_file), split, moments)
     manifest['splits'][name] = _split_summary(
-        split, moments, shards, index_file, sha256_file(os.path.join(out_dir, index_file)))
+        split, moments, shards, counts, index_file,
+        sha256_file(os.path.join(out_dir, index_file)), fingerprint)
     manifest['visual_dim'] = split.visual_dim
     manifest['query_dim'] = split.query_dim
     files.write_json(manifest_path, manifest)
 
+  overlaps = split_overlaps(out_dir, manifest, train_split)
+  manifest['split_overlaps'] = overlaps
+  if overlaps:
+    described = '; '.join(f'{pair}: {o["videos"]} videos, e.g. {short(o["first"])}'
+                          for pair, o in overlaps.items())
+    if not allow_split_overlap:
+      files.write_json(manifest_path, manifest)
+      raise ShardError(
+          f'{release.layout.collection_dir}: the training split shares videos with other '
+          f'splits ({described}): evaluating on videos seen in training leaks the test set. '
+          'Fix the caption files, or set config.data.allow_split_overlap=True to accept it '
+          'knowingly (it is then recorded in the manifest and warned about).')
+    _log.warning('%s: overlapping splits accepted (allow_split_overlap): %s',
+                 release.layout.collection_dir, described)
   manifest['complete'] = True
   files.write_json(manifest_path, manifest)
   return manifest_path
@@ -396,13 +513,16 @@ def prepare_from_config(config, out_dir: str, num_shards: int = 0) -> str:
       max_frames=model.get('max_frames', preprocess.MAX_FRAMES),
       max_query_len=model.get('max_query_len', preprocess.MAX_QUERY_LEN),
       visual_dim=model.get('visual_dim'), query_dim=model.get('query_dim'),
-      skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards)
+      skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards,
+      train_split=data.get('train_split', 'train'),
+      allow_split_overlap=data.get('allow_split_overlap', False))
 
 
 def _main(argv: Sequence[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   config, out = flags.FLAGS.config, flags.FLAGS.out
+  config_lib.validate(config)
   if not config.data.dir:
     raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
   path = prepare_from_config(config, out, flags.FLAGS.num_shards)
@@ -421,6 +541,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('out', None, 'output shard folder', required=True)
   flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
   flags.mark_flag_as_required('config')
+  config_lib.check_override_flags(sys.argv)
   logging.basicConfig(level=logging.INFO)
   # Run the imported module's copy: TFDS locates a builder's metadata through its package.
   from prvr_jax.data import prepare as _module  # pylint: disable=g-import-not-at-top

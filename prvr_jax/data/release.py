@@ -30,6 +30,7 @@ import h5py
 import numpy as np
 
 from prvr_jax.data import preprocess
+from prvr_jax.files import short
 
 _log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class BigFile:
     self._index = {name: row for row, name in enumerate(ids)}
     if len(self._index) != num_rows:
       dup = next(name for row, name in enumerate(ids) if self._index[name] != row)
-      raise DataError(f'{id_path}: duplicate frame id {dup!r}')
+      raise DataError(f'{id_path}: duplicate frame id {short(dup)}')
 
     expected = num_rows * dim * 4
     actual = os.path.getsize(self.bin_path)
@@ -142,7 +143,7 @@ class BigFile:
     try:
       return np.fromiter((self._index[i] for i in ids), dtype=np.int64, count=len(ids))
     except KeyError as e:
-      raise DataError(f'frame id {e.args[0]!r} is not in BigFile {self.folder} (id.txt)') from None
+      raise DataError(f'frame id {short(e.args[0])} is not in BigFile {self.folder} (id.txt)') from None
 
   def read(self, ids: Sequence[str]) -> np.ndarray:
     """Feature rows of `ids`, in the given order: `[n, D]` float32."""
@@ -182,38 +183,41 @@ def read_video2frames(path: str) -> dict[str, list[str]]:
     raise DataError(f'{path}: expected a dict literal video_id -> [frame ids], got {type(mapping).__name__}')
   for video_id, frames in mapping.items():
     if not isinstance(video_id, str):
-      raise DataError(f'{path}: video id {video_id!r} is not a string')
+      raise DataError(f'{path}: video id {short(video_id)} is not a string')
     if not isinstance(frames, (list, tuple)) or not all(isinstance(x, str) for x in frames):
-      raise DataError(f'{path}: frames of video {video_id!r} are not a list of strings')
+      raise DataError(f'{path}: frames of video {short(video_id)} are not a list of strings')
     if isinstance(frames, tuple):
       mapping[video_id] = list(frames)
   return mapping
 
 
 def read_captions(path: str) -> list[tuple[str, str]]:
-  """Reads a caption file: `[(cap_id, caption)]` in file order. Blank lines are ignored."""
+  """Reads a caption file: `[(cap_id, caption)]` in file order. Blank lines are ignored.
+
+  Lines end with '\\n', '\\r\\n' or a lone '\\r' (old Mac files), in any mix.
+  """
   _require_files([path], 'captions')
   items = []
   first_line = {}
   with open(path, 'rb') as f:
-    raw_lines = f.read().removeprefix(b'\xef\xbb\xbf').split(b'\n')  # drop a UTF-8 BOM
+    raw_lines = f.read().removeprefix(b'\xef\xbb\xbf').splitlines()  # drop a UTF-8 BOM
   for lineno, raw in enumerate(raw_lines, 1):
     try:
-      line = raw.decode('utf-8').rstrip('\r')
+      line = raw.decode('utf-8')
     except UnicodeDecodeError as e:
       raise DataError(f'{path}:{lineno}: not UTF-8 text (byte {e.start} of the line)') from None
     if not line.strip():
       continue
     if line[0].isspace():
-      raise DataError(f'{path}:{lineno}: line has no caption id (starts with whitespace): {line!r}')
+      raise DataError(f'{path}:{lineno}: line has no caption id (starts with whitespace): {short(line)}')
     parts = line.split(None, 1)
     if len(parts) < 2 or not parts[1].strip():
-      raise DataError(f'{path}:{lineno}: caption id {parts[0]!r} has no caption text')
+      raise DataError(f'{path}:{lineno}: caption id {short(parts[0])} has no caption text')
     cap_id, caption = parts[0], parts[1].strip()
     if not video_id_of(cap_id):
-      raise DataError(f'{path}:{lineno}: caption id {cap_id!r} has an empty video id (before "#")')
+      raise DataError(f'{path}:{lineno}: caption id {short(cap_id)} has an empty video id (before "#")')
     if cap_id in first_line:
-      raise DataError(f'{path}:{lineno}: duplicate caption id {cap_id!r} '
+      raise DataError(f'{path}:{lineno}: duplicate caption id {short(cap_id)} '
                       f'(first on line {first_line[cap_id]})')
     first_line[cap_id] = lineno
     items.append((cap_id, caption))
@@ -267,7 +271,7 @@ class H5Features:
   def _dataset(self, key: str) -> h5py.Dataset:
     ds = self._h5().get(key)
     if not isinstance(ds, h5py.Dataset):
-      raise DataError(f'{self.kind} {key!r} is not in {self.path}')
+      raise DataError(f'{self.kind} {short(key)} is not in {self.path}')
     return ds
 
   def shape(self, key: str) -> tuple[int, ...]:
@@ -537,7 +541,7 @@ class ReleaseSplit:
     try:
       return self._caps_of[video_id]
     except KeyError:
-      raise KeyError(f'video {video_id!r} has no captions in {self.caption_file}') from None
+      raise KeyError(f'video {short(video_id)} has no captions in {self.caption_file}') from None
 
   def caption_video_index(self) -> np.ndarray:
     """`[num_captions]` int64: column in `video_ids` of each caption's video."""
@@ -563,7 +567,7 @@ class ReleaseSplit:
   def _frame_ids(self, video_id: str) -> list[str]:
     frames = self.release.video2frames.get(video_id)
     if frames is None:
-      raise DataError(f'video {video_id!r} is not in {self.release.layout.video2frames_path}')
+      raise DataError(f'video {short(video_id)} is not in {self.release.layout.video2frames_path}')
     return frames
 
   def raw_video_features(self, video_id: str) -> np.ndarray:
@@ -577,12 +581,12 @@ class ReleaseSplit:
       x = rel.bigfile.read(frames)
       source = rel.bigfile.bin_path
     if x.ndim != 2 or x.shape[0] == 0:
-      raise DataError(f'video {video_id!r} has no frames (features of shape {x.shape} in {source})')
+      raise DataError(f'video {short(video_id)} has no frames (features of shape {x.shape} in {source})')
     bad = ~np.isfinite(x).all(axis=1)
     if bad.any():
       row = int(np.argmax(bad))
-      where = f'frame {row}' if rel.is_clip else f'frame id {frames[row]!r}'
-      raise DataError(f'video {video_id!r}: NaN/Inf in {where} ({int(bad.sum())} bad frame(s)) in {source}')
+      where = f'frame {row}' if rel.is_clip else f'frame id {short(frames[row])}'
+      raise DataError(f'video {short(video_id)}: NaN/Inf in {where} ({int(bad.sum())} bad frame(s)) in {source}')
     return x
 
   def video_features(self, video_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -604,10 +608,10 @@ class ReleaseSplit:
     if x.ndim == 1 and rel.is_clip:
       x = x[None]
     if x.ndim != 2 or x.shape[0] == 0:
-      raise DataError(f'caption {cap_id!r} has no token features (shape {x.shape}) in {rel.queries.path}')
+      raise DataError(f'caption {short(cap_id)} has no token features (shape {x.shape}) in {rel.queries.path}')
     x = preprocess.truncate_tokens(x, rel.max_query_len)
     if not np.isfinite(x).all():
-      raise DataError(f'caption {cap_id!r}: NaN/Inf in its features in {rel.queries.path}')
+      raise DataError(f'caption {short(cap_id)}: NaN/Inf in its features in {rel.queries.path}')
     if rel.normalize:
       x = preprocess.l2_normalize(x)
     return x.astype(np.float32)
@@ -620,26 +624,26 @@ class ReleaseSplit:
     if rel.is_clip:
       shape = rel.clip_videos.shape_or_none(video_id)
       if shape is None:
-        return f'video {video_id!r} is not in {rel.clip_videos.path}'
+        return f'video {short(video_id)} is not in {rel.clip_videos.path}'
       if len(shape) != 2 or shape[0] == 0:
-        return f'video {video_id!r} has no frames (shape {shape}) in {rel.clip_videos.path}'
+        return f'video {short(video_id)} has no frames (shape {shape}) in {rel.clip_videos.path}'
       dim, source = shape[1], rel.clip_videos.path
     else:
       frames = rel.video2frames.get(video_id)
       if frames is None:
-        return f'video {video_id!r} is not in {rel.layout.video2frames_path} (zero frames)'
+        return f'video {short(video_id)} is not in {rel.layout.video2frames_path} (zero frames)'
       if not frames:
-        return f'video {video_id!r} has an empty frame list in {rel.layout.video2frames_path}'
+        return f'video {short(video_id)} has an empty frame list in {rel.layout.video2frames_path}'
       absent = [f for f in frames if f not in rel.bigfile]
       if absent:
-        return (f'video {video_id!r}: frame id {absent[0]!r} ({len(absent)} of {len(frames)} frames) '
+        return (f'video {short(video_id)}: frame id {short(absent[0])} ({len(absent)} of {len(frames)} frames) '
                 f'is not in BigFile {rel.bigfile.folder}')
       dim, source = rel.bigfile.dim, rel.bigfile.folder
     if self._visual_dim is None:
       self._visual_dim = dim
     elif dim != self._visual_dim:
       flag = 'config.model.visual_dim' if rel.expected_visual_dim is not None else 'the first video\'s dim'
-      return f'video {video_id!r} has feature dim {dim} in {source} but {flag} is {self._visual_dim}'
+      return f'video {short(video_id)} has feature dim {dim} in {source} but {flag} is {self._visual_dim}'
     return None
 
   def _check_caption(self, cap_id: str) -> str | None:
@@ -647,16 +651,16 @@ class ReleaseSplit:
     path = rel.queries.path
     shape = rel.queries.shape_or_none(cap_id)
     if shape is None:
-      return f'caption id {cap_id!r} is not in {path}'
+      return f'caption id {short(cap_id)} is not in {path}'
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
-      return f'caption {cap_id!r} has no token features (shape {shape}) in {path}'
+      return f'caption {short(cap_id)} has no token features (shape {shape}) in {path}'
     dim = shape[-1]
     if self._query_dim is None:
       self._query_dim = dim
     elif dim != self._query_dim:
       flag = 'config.model.query_dim' if rel.expected_query_dim is not None else 'the first caption\'s dim'
-      return f'caption {cap_id!r} has feature dim {dim} in {path} but {flag} is {self._query_dim}'
+      return f'caption {short(cap_id)} has feature dim {dim} in {path} but {flag} is {self._query_dim}'
     return None
 
   def _check_values(self, item_id: str, read) -> str | None:
@@ -680,7 +684,7 @@ class ReleaseSplit:
       shapes = (features.shape_or_none(i) for i in ids)
       key, shape = next(((i, sh) for i, sh in zip(ids, shapes) if sh), (None, None))
       if shape is not None and shape[-1] != expected:
-        raise _dim_error(flag, expected, shape[-1], f'{features.path} ({features.kind} {key!r})')
+        raise _dim_error(flag, expected, shape[-1], f'{features.path} ({features.kind} {short(key)})')
 
   def _validate(self, values: bool = False) -> None:
     """Checks every video and caption (metadata only, or every value); raises or skips."""
@@ -705,7 +709,7 @@ class ReleaseSplit:
                       what + ' (every item is bad)')
     kept_videos = set(video_ids_in_order(kept))
     skipped = list(bad_videos.items()) + list(bad_captions.items())
-    skipped += [(c, f'its video {video_id_of(c)!r} was skipped') for c in self.caption_ids
+    skipped += [(c, f'its video {short(video_id_of(c))} was skipped') for c in self.caption_ids
                 if video_id_of(c) in bad_videos and c not in bad_captions]
     skipped += [(v, 'all of its captions were skipped') for v in self.video_ids
                 if v not in bad_videos and v not in kept_videos]
@@ -747,10 +751,10 @@ def write_captions(path: str, items: Iterable[tuple[str, str]]) -> None:
   lines = []
   for cap_id, caption in items:
     if not cap_id or any(ch.isspace() for ch in cap_id):
-      raise ValueError(f'caption id {cap_id!r} must be non-empty and free of whitespace')
+      raise ValueError(f'caption id {short(cap_id)} must be non-empty and free of whitespace')
     caption = ' '.join(caption.split())
     if not caption:
-      raise ValueError(f'caption {cap_id!r} is empty')
+      raise ValueError(f'caption {short(cap_id)} is empty')
     lines.append(f'{cap_id} {caption}\n')
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:

@@ -1,14 +1,16 @@
 """What evaluate.py runs: a checkpoint (ours or official) on a split -> metrics.json, scores.npy."""
 
 from collections.abc import Mapping
+import hashlib
+import io
 import os
 from typing import Any
 
 from absl import logging
 import jax
-import numpy as np
 
 from prvr_jax import checkpoint
+from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax.data import pipeline
@@ -16,15 +18,47 @@ from prvr_jax.eval.evaluator import EvalResult, Evaluator
 from prvr_jax.eval.splits import eval_split
 
 
+METRICS_FILE = 'metrics.json'
+SCORES_FILE = 'scores.npy'
+
+
 def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) -> None:
-  """`<output_dir>/metrics.json` (metrics + `info`) and `<output_dir>/scores.npy`."""
-  os.makedirs(output_dir, exist_ok=True)
-  np.save(os.path.join(output_dir, 'scores.npy'), result.scores)
-  files.write_json(os.path.join(output_dir, 'metrics.json'), {**result.metrics, **info})
+  """`<output_dir>/metrics.json` (metrics, `info` and the sha256 of the scores file) and
+  `<output_dir>/scores.npy`, published together (`files.publish`: metrics.json last, so a
+  metrics.json always describes the scores.npy beside it)."""
+  scores = io.BytesIO()
+  files.npy_writer(result.scores)(scores)
+  scores = scores.getvalue()
+  metrics = {**result.metrics, **info, 'scores_sha256': hashlib.sha256(scores).hexdigest()}
+  files.publish(output_dir, {SCORES_FILE: lambda f: f.write(scores),
+                             METRICS_FILE: files.json_writer(metrics)}, marker=METRICS_FILE)
+
+
+def check_data(trained_on: Mapping[str, Any] | None, evaluated_on: Mapping[str, Any],
+               split_name: str, checkpoint_path: str, cross_dataset: bool) -> bool:
+  """Whether this is a cross-dataset evaluation: `split_name` of the evaluation data is not
+  the split of that name the checkpoint's run had (its recorded data identity). Raises for
+  one unless `cross_dataset`. Official checkpoints record no identity (False)."""
+  if trained_on is None:
+    return False
+  same = (all(trained_on.get(k) == evaluated_on.get(k)
+              for k in ('collection', 'visual_feature', 'text_feature'))
+          and trained_on.get('splits', {}).get(split_name)
+          == evaluated_on['splits'].get(split_name))
+  if not same and not cross_dataset:
+    raise ValueError(
+        f'{checkpoint_path} was trained with other data than the evaluation data: split '
+        f'{split_name!r} of collection {trained_on.get("collection")!r} (shards '
+        f'{trained_on.get("splits", {}).get(split_name)}) then, collection '
+        f'{evaluated_on.get("collection")!r} (shards {evaluated_on["splits"].get(split_name)}) '
+        'now. Point config.data.dir to the data the model was trained with, or pass '
+        '--cross_dataset to evaluate on other data on purpose (the outputs then say so).')
+  return not same
 
 
 def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
-                        output_dir: str | None = None) -> EvalResult:
+                        output_dir: str | None = None, cross_dataset: bool = False
+                        ) -> EvalResult:
   """Loads, evaluates and writes the outputs (process 0 writes).
 
   Args:
@@ -33,7 +67,12 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
     split: 'test' or 'val'.
     output_dir: default `<workdir>/eval_<split>` for our checkpoints,
       `<file without suffix>_eval_<split>` for official files.
+    cross_dataset: allow evaluating one of our checkpoints on data other than its own split
+      (`check_data`); the outputs record `cross_dataset: true`.
   """
+  config_lib.validate(config)
+  if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
   if output_dir is None:
@@ -43,11 +82,18 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
       output_dir = f'{os.path.splitext(checkpoint_path)[0]}_eval_{split}'
   # Synthetic data / prepared shards are found again in the training workdir.
   shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
+  split_name = config.data.get(f'{split}_split', split)
+  evaluated_on = shards.identity()
+  cross = check_data(info['data'], evaluated_on, split_name, checkpoint_path, cross_dataset)
+  if cross:
+    logging.warning('Cross-dataset evaluation: %s was trained on other data than split %r of '
+                    '%s.', checkpoint_path, split_name, shards.dir)
   result = Evaluator.from_config(config, mesh).evaluate(params, eval_split(config, shards, split))
   if jax.process_index() == 0:
-    write_outputs(output_dir, result, {'split': split, 'checkpoint': info['path'],
-                                       'checkpoint_source': info['source'],
-                                       'model': config.model.name})
+    write_outputs(output_dir, result, {
+        'split': split, 'checkpoint': info['path'], 'checkpoint_source': info['source'],
+        'model': config.model.name, 'data': evaluated_on, 'trained_on': info['data'],
+        'cross_dataset': cross})
   logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s',
                checkpoint_path, split,
                *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)

@@ -9,8 +9,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 import tqdm
 
+from prvr_jax import files
 from prvr_jax.checkpoint import Checkpoints
 
 METRICS_FILE = 'metrics.jsonl'
@@ -36,16 +38,28 @@ class MetricWriter:
           plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'))
 
   def truncate_after(self, step: int) -> None:
-    """Drops jsonl records past `step` (written by a run that is now being resumed) and
-    earlier test records (the test split is evaluated again at the end)."""
+    """Drops jsonl records past `step` (written by a run that is now being resumed), earlier
+    test records (the test split is evaluated again at the end), and lines that are not
+    whole records (a crash mid-write), saying so."""
     if not self.enabled or not os.path.exists(self._jsonl):
       return
-    with open(self._jsonl, encoding='utf-8') as f:
-      records = [line for line in f if line.strip()]
-    kept = [line for line in records
-            if json.loads(line)['step'] <= step and json.loads(line)['split'] != 'test']
-    with open(self._jsonl, 'w', encoding='utf-8') as f:
-      f.writelines(kept)
+    kept, torn = [], 0
+    with open(self._jsonl, encoding='utf-8', errors='replace') as f:
+      for line in f:
+        if not line.strip():
+          continue
+        try:
+          record = json.loads(line)
+          keep = record['step'] <= step and record['split'] != 'test'
+        except (json.JSONDecodeError, KeyError, TypeError):
+          torn += 1
+          continue
+        if keep:
+          kept.append(line if line.endswith('\n') else line + '\n')
+    if torn:
+      logging.warning('%s: dropped %d line(s) that are not whole records (a crash while '
+                      'writing them).', self._jsonl, torn)
+    files.write_atomic(self._jsonl, lambda f: f.write(''.join(kept).encode('utf-8')))
 
   def write(self, step: int, split: str, scalars: Mapping[str, float], **extra: Any) -> None:
     if not self.enabled:

@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from prvr_jax import checkpoint
+from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax import summary
@@ -37,6 +38,7 @@ from prvr_jax.eval import Evaluator, eval_split
 from prvr_jax.models import registry
 from prvr_jax.train import data as train_data
 from prvr_jax.train import logs
+from prvr_jax.train import workdir as workdir_lib
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
 from prvr_jax.train.state import make_optimizer
 from prvr_jax.train.step import make_train_step
@@ -51,21 +53,77 @@ def _check_batch_size(config: ml_collections.ConfigDict) -> None:
                      f'{devices} devices ({jax.process_count()} processes).')
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       allow_config_change: bool = False) -> dict[str, Any] | None:
   """Trains (or resumes) in `workdir`; returns the test metrics of the best checkpoint
-  (None when `config.train.stop_after_steps` stopped the run)."""
-  is_main = jax.process_index() == 0
+  (None when `config.train.stop_after_steps` stopped the run).
+
+  Process 0 holds the workdir's lock for the whole run. A resumed run must keep the fields
+  an exact resume depends on (`workdir.EXACT_RESUME_FIELDS`) and the training data; other
+  changed fields need `allow_config_change` and are recorded in `config_history.jsonl`.
+  """
+  config_lib.validate(config)
   _check_batch_size(config)
+  workdir_lib.check_is_workdir(workdir)
   os.makedirs(workdir, exist_ok=True)
+  with workdir_lib.lock(workdir, enabled=jax.process_index() == 0):
+    return _train_and_evaluate(config, workdir, allow_config_change)
+
+
+def _check_resume_config(config: ml_collections.ConfigDict, meta: dict[str, Any],
+                         workdir: str, allow_config_change: bool) -> list[str]:
+  """The accepted config changes of a resumed run against the config that wrote the resumed
+  checkpoint (`meta['config']`; older checkpoints: `config.json`); raises for the others."""
+  saved = meta.get('config') or workdir_lib.read_saved_config(workdir)
+  if saved is None:
+    return []
+  breaking, other = workdir_lib.resume_config_changes(saved, config.to_dict())
+  if breaking:
+    raise ValueError(
+        f'{workdir} holds a run with another configuration, and these changes make resuming '
+        f'it exactly impossible: {"; ".join(breaking)}. Use a new --workdir, or resume with '
+        f'the original values (the run\'s config is {workdir}/{checkpoint.CONFIG_FILE}).')
+  if other and not allow_config_change:
+    raise ValueError(
+        f'Resuming {workdir} with a changed configuration: {"; ".join(other)}. Pass '
+        '--allow_config_change to resume with these values (recorded in '
+        f'{workdir_lib.CONFIG_HISTORY_FILE}), or resume with the original ones.')
+  if other:
+    logging.warning('Resuming %s with changed settings: %s', workdir, '; '.join(other))
+  return other
+
+
+def _check_resume_data(meta: dict[str, Any], identity: dict[str, Any], workdir: str) -> None:
+  """Raises when the data differs from the data the resumed run trained on."""
+  recorded = meta.get('data')
+  if recorded is None:
+    logging.warning('%s records no identity of its training data (an older version); '
+                    'resuming unchecked.', workdir)
+    return
+  if recorded != identity:
+    changes = [f'{k}: {recorded.get(k)!r} -> {identity.get(k)!r}'
+               for k in sorted(set(recorded) | set(identity)) if recorded.get(k) != identity.get(k)]
+    raise ValueError(f'{workdir} was trained on other data than config.data.dir gives now '
+                     f'({"; ".join(changes)}); resume on the original data, or use a new '
+                     '--workdir.')
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        allow_config_change: bool) -> dict[str, Any] | None:
+  is_main = jax.process_index() == 0
   mesh = parallel.make_mesh()
   spec = registry.get_spec(config.model)
   checkpoints = checkpoint.Checkpoints(workdir, config.train.checkpoint_keep)
   writer = None
   try:
     checkpoints.check_model(config)
+    latest_meta = checkpoints.latest_meta()
+    changes = (_check_resume_config(config, latest_meta, workdir, allow_config_change)
+               if latest_meta is not None else [])
     writer = logs.MetricWriter(workdir, is_main)
     if is_main:
-      files.write_json(os.path.join(workdir, checkpoint.CONFIG_FILE), config.to_dict())
+      workdir_lib.record_config(workdir, config.to_dict(), checkpoints.latest_step() or 0,
+                                changes)
     shards = pipeline.open_run_data(config, workdir)
     num_epochs = config.train.num_epochs
     epoch_steps = train_data.steps_per_epoch(config, shards)
@@ -74,12 +132,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     restored = checkpoints.restore_latest(abstract_state)
     if restored is None:
       state = create_train_state(config, tx, mesh)
-      meta = {**checkpoint.model_fingerprint(config), 'steps_per_epoch': epoch_steps,
-              'step': 0, 'epochs_done': 0, 'best_sumr': -1.0, 'best_epoch': -1,
-              'es_count': 0, 'finished': False}
+      meta = {**checkpoint.model_fingerprint(config), 'data': shards.identity(),
+              'steps_per_epoch': epoch_steps, 'step': 0, 'epochs_done': 0, 'best_sumr': -1.0,
+              'best_epoch': -1, 'es_count': 0, 'finished': False}
       logging.info('Starting %s in %s.', spec.name, workdir)
     else:
       state, meta = restored
+      meta.pop('digests', None)
+      _check_resume_data(meta, shards.identity(), workdir)
       if meta['steps_per_epoch'] != epoch_steps:
         raise ValueError(
             f'{workdir} was trained with {meta["steps_per_epoch"]} steps per epoch, this '
@@ -89,6 +149,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       logging.info('Resuming %s in %s from step %d (%d epochs done).', spec.name, workdir,
                    meta['step'], meta['epochs_done'])
     writer.truncate_after(meta['step'])
+    meta['config'] = config.to_dict()
     logging.info('Parameters:\n%s', summary.format_table(state.params, depth=2))
     logging.info('%d devices in %d processes; global batch %d; %d steps per epoch; %d epochs.',
                  jax.device_count(), jax.process_count(), config.train.batch_size, epoch_steps,

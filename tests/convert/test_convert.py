@@ -1,6 +1,8 @@
 """prvr_jax.convert: torch checkpoint readers, the official name mapping and the CLI."""
 
+import argparse
 import collections
+import importlib.util
 import os
 import pickle
 import struct
@@ -93,8 +95,8 @@ class _Exploit:
     return os.system, (f'touch {self.marker}',)
 
 
-def _write_zip(path, pickle_bytes, records=()):
-  with zipfile.ZipFile(path, 'w') as archive:
+def _write_zip(path, pickle_bytes, records=(), compression=zipfile.ZIP_STORED):
+  with zipfile.ZipFile(path, 'w', compression=compression) as archive:
     archive.writestr('archive/data.pkl', pickle_bytes)
     archive.writestr('archive/byteorder', 'little')
     for key, data in records:
@@ -119,13 +121,66 @@ def test_malicious_pickle_is_refused(tmp_path):
 def _tensor_pickle(storage_type, location, numel, offset, size, stride):
   """Protocol-2 opcodes of `{'w': _rebuild_tensor_v2(storage '0', offset, size, stride)}`."""
   text = lambda s: b'X' + struct.pack('<I', len(s)) + s.encode()
-  ints = lambda xs: b'(' + b''.join(b'K' + bytes([x]) for x in xs) + b't'
+  integer = lambda x: b'K' + bytes([x]) if x < 256 else b'J' + struct.pack('<i', x)
+  ints = lambda xs: b'(' + b''.join(integer(x) for x in xs) + b't'
   return (b'\x80\x02}' + text('w')
           + b'ctorch._utils\n_rebuild_tensor_v2\n('
           + b'(' + text('storage') + f'ctorch\n{storage_type}\n'.encode() + text('0')
-          + text(location) + b'K' + bytes([numel]) + b'tQ'
-          + b'K' + bytes([offset]) + ints(size) + ints(stride)
+          + text(location) + integer(numel) + b'tQ'
+          + integer(offset) + ints(size) + ints(stride)
           + b'\x89ccollections\nOrderedDict\n)Rt' + b'Rs.')
+
+
+def _readers():
+  """The torch-free reader, and torch's when it is installed."""
+  return (False, True) if importlib.util.find_spec('torch') else (False,)
+
+
+def test_a_view_declaring_more_elements_than_its_storage_is_refused(tmp_path):
+  """A 600-byte file declaring a 65536 x 65536 zero-stride view of 4 floats would make both
+  readers allocate 16 GiB; the headers are checked first."""
+  _write_zip(tmp_path / 'bomb.pt', _tensor_pickle('FloatStorage', 'cpu', 4, 0, (65536, 65536),
+                                                  (0, 0)),
+             [('0', np.zeros(4, np.float32).tobytes())])
+  assert os.path.getsize(tmp_path / 'bomb.pt') < 1000
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError,
+                       match=r'declares 4294967296 elements but its storage holds 4'):
+      convert.load_torch_checkpoint(str(tmp_path / 'bomb.pt'), use_torch=use_torch)
+
+
+def test_a_record_inflating_beyond_its_header_is_never_inflated(tmp_path, monkeypatch):
+  """A small zip whose record (declared 4 floats) inflates to 64 MiB: refused from the zip
+  headers, before anything is read."""
+  _write_zip(tmp_path / 'zip_bomb.pt', _tensor_pickle('FloatStorage', 'cpu', 4, 0, (4,), (1,)),
+             [('0', bytes(64 << 20))], compression=zipfile.ZIP_DEFLATED)
+  assert os.path.getsize(tmp_path / 'zip_bomb.pt') < (1 << 20)
+  read = []
+  original = zipfile.ZipFile.read
+  monkeypatch.setattr(zipfile.ZipFile, 'read',
+                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
+                      or original(self, name, pwd))
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError,
+                       match=r'record archive/data/0 declares 67108864 bytes, expected 16'):
+      convert.load_torch_checkpoint(str(tmp_path / 'zip_bomb.pt'), use_torch=use_torch)
+  assert 'archive/data/0' not in read
+  monkeypatch.setattr(convert, 'MAX_PICKLE_BYTES', 64)  # an oversized pickle record too
+  with pytest.raises(pickle.UnpicklingError, match=r'data.pkl declares \d+ bytes, expected at '
+                     r'most 64'):
+    convert.load_torch_checkpoint(str(tmp_path / 'zip_bomb.pt'), use_torch=False)
+
+
+def test_refusal_never_advises_unsafe_loading(tmp_path):
+  """A checkpoint pickling an object (here argparse's Namespace, common in training scripts'
+  checkpoints) is refused with what is supported, never with torch's advice to load with
+  weights_only=False."""
+  payload = pickle.dumps({'state_dict': {}, 'args': argparse.Namespace(lr=1.0)}, protocol=2)
+  _write_zip(tmp_path / 'args.ckpt', payload)
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError, match='never runs code') as e:
+      convert.load_torch_checkpoint(str(tmp_path / 'args.ckpt'), use_torch=use_torch)
+    assert 'argparse.Namespace' in str(e.value) and 'weights_only' not in str(e.value)
 
 
 def test_torch_free_reader_strides_offsets_bfloat16_and_gpu_locations(tmp_path):
@@ -232,3 +287,13 @@ def test_cli_import_and_export(tmp_path):
   assert set(exported) == set(official)
   for key, value in official.items():
     np.testing.assert_array_equal(exported[key], value, err_msg=key)
+  # Exporting to a torch file without torch says so (instead of an ImportError).
+  if not _torch_is_installed():
+    proc = subprocess.run([sys.executable, '-m', 'prvr_jax.convert', '--model=gmmformer',
+                           f'--params={tmp_path}/p.msgpack', f'--out={tmp_path}/sd.pt'], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and 'needs torch installed; write an .npz' in proc.stderr
+
+
+def _torch_is_installed() -> bool:
+  return True in _readers()

@@ -195,3 +195,10 @@ def test_resolve_shards_prepares_a_release_once(tmp_path):
   config.model.visual_dim = 64
   with pytest.raises(ValueError, match=r'config\.model\.visual_dim=64 but'):
     pipeline.resolve_shards(config, workdir)
+  config.model.visual_dim = 256
+  # The config describing another collection than the shards were prepared from.
+  config.data.dir = shards.dir
+  config.data.collection = 'tvr'
+  with pytest.raises(ValueError, match=r"config\.data\.collection='tvr' but the shards in .* "
+                     r"have collection='synthetic'"):
+    pipeline.resolve_shards(config)

@@ -158,6 +158,71 @@ def test_skip_bad_items_is_opt_in_and_reported(tmp_path, caplog):
   assert '3 bad item(s) were skipped' in caplog.text
 
 
+def test_changed_release_is_rebuilt_and_counts_are_what_was_written(tmp_path):
+  """Preparing again after the release changed rebuilds the changed split (never keeps stale
+  shards); the manifest's counts are those of the written shards."""
+  root = _toy_release(str(tmp_path / 'release'))
+  out = str(tmp_path / 'shards')
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', num_shards=2)
+  test_file = os.path.join(root, 'TextData', 'toytest.caption.txt')
+  captions = release_lib.read_captions(test_file)
+  release_lib.write_captions(test_file, captions[:-3])  # the last 3 captions: all of v8
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', num_shards=2)
+  shards = pipeline.open_shards(out)
+  split = shards.split('test')
+  assert split.num_captions == len(captions) - 3 == sum(s.num_captions for s in split.shards)
+  assert split.num_videos == 3 == len(pipeline.eval_index(shards, 'test').video_ids)
+  rows = [r for b in pipeline.eval_queries(shards, 'test', global_batch_size=4,
+                                           process_index=0, process_count=1)
+          for r in b['query_index'] if r >= 0]
+  assert len(rows) == split.num_captions
+
+
+def test_out_folder_and_num_shards_are_checked(tmp_path):
+  root = _toy_release(str(tmp_path / 'release'))
+  with pytest.raises(ValueError, match=r'--num_shards=-3'):
+    prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat',
+                           num_shards=-3)
+  busy = tmp_path / 'home'
+  busy.mkdir()
+  (busy / 'notes.txt').write_text('mine')
+  with pytest.raises(prepare.ShardError, match='non-empty folder without manifest.json'):
+    prepare.prepare_shards(root, str(busy), collection='toy', visual_feature='feat')
+  assert os.listdir(busy) == ['notes.txt']
+
+
+def test_training_videos_in_the_test_split_are_refused_unless_allowed(tmp_path, caplog):
+  root = _toy_release(str(tmp_path / 'release'))
+  test_file = os.path.join(root, 'TextData', 'toytest.caption.txt')
+  release_lib.write_captions(test_file, release_lib.read_captions(test_file)
+                             + [('v0#0', 'a training video')])
+  with open(os.path.join(root, 'TextData', 'toytest.moments.txt'), 'a') as f:
+    f.write('v0#0 0 1 2\n')
+  with pytest.raises(prepare.ShardError, match=r"train&test: 1 videos, e.g. \['v0'\]"):
+    prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
+  with pytest.raises(prepare.ShardError, match='did not finish'):
+    pipeline.open_shards(str(tmp_path / 'a'))
+  out = str(tmp_path / 'b')
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat',
+                         allow_split_overlap=True)
+  with caplog.at_level(logging.WARNING):
+    shards = pipeline.open_shards(out)
+  assert shards.split_overlaps == {'train&test': {'videos': 1, 'first': ['v0']}}
+  assert 'shares videos with other splits' in caplog.text
+
+
+def test_moments_of_some_captions_only_are_refused(tmp_path):
+  root = _toy_release(str(tmp_path / 'release'))
+  moments = os.path.join(root, 'TextData', 'toytest.moments.txt')
+  with open(moments) as f:
+    lines = f.readlines()
+  with open(moments, 'w') as f:
+    f.writelines(lines[1:])
+  with pytest.raises(release_lib.DataError, match=r"moments for 7 of the 8 captions of split "
+                     r"'test' \(first without: 'v11#0'\)"):
+    prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
+
+
 def test_bad_moments_file_names_the_line(tmp_path):
   path = tmp_path / 'x.moments.txt'
   path.write_text('a#0 0 1 5\na#1 3 2 5\n')

@@ -112,6 +112,27 @@ def test_captions_round_trip_order_and_video_ids(tmp_path):
   assert release.video_ids_in_order(got) == ['b', 'a', 'c']
 
 
+@pytest.mark.parametrize('newline', ['\n', '\r\n', '\r'])
+def test_caption_line_endings_never_merge_lines(tmp_path, newline):
+  """Unix, Windows and old-Mac (lone CR) files give the same captions, line numbers too."""
+  path = tmp_path / 'c.caption.txt'
+  path.write_bytes(newline.join(['a#0 one', 'a#1 two', '', 'b#0 three']).encode())
+  assert release.read_captions(str(path)) == [('a#0', 'one'), ('a#1', 'two'), ('b#0', 'three')]
+  path.write_bytes(newline.join(['a#0 one', 'a#0 again']).encode())
+  with pytest.raises(DataError, match=r":2: duplicate caption id 'a#0'"):
+    release.read_captions(str(path))
+
+
+def test_errors_cut_long_ids(tmp_path):
+  """A 1 MB caption id gives a short message (the id cut, its length stated)."""
+  path = tmp_path / 'c.caption.txt'
+  long_id = 'v' * 1_000_000 + '#0'
+  path.write_text(f'a#0 ok\n{long_id}\n')
+  with pytest.raises(DataError, match=r':2: caption id .* \(1000004 characters\) has no caption') as e:
+    release.read_captions(str(path))
+  assert len(str(e.value)) < 400
+
+
 @pytest.mark.parametrize('lines, match', [
     ('a#0 ok\n   no id here\n', r':2: line has no caption id'),
     ('a#0 ok\nb#0\n', r":2: caption id 'b#0' has no caption text"),

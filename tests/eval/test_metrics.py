@@ -95,6 +95,10 @@ def test_retrieval_metrics_t2v_v2t_and_groups():
 def test_bad_inputs_raise():
   with pytest.raises(ValueError, match='NaN'):
     metrics.ranks(np.array([[np.nan, 1.0]]), np.array([[True, False]]))
+  # Infinite scores are as broken as NaN: an all-inf matrix must not report SumR 333.3.
+  for value in (np.inf, -np.inf):
+    with pytest.raises(ValueError, match=r'4 non-finite values .* row 0, column 0'):
+      metrics.retrieval_metrics(np.full((2, 2), value), np.array([0, 1]))
   with pytest.raises(ValueError, match='no ground-truth'):
     metrics.ranks(np.array([[0.0, 1.0]]), np.array([[False, False]]))
   with pytest.raises(ValueError, match='query_video'):

@@ -160,6 +160,7 @@ def test_checkpoint_round_trip(model, tmp_path):
   reopened = checkpoint.Checkpoints(str(tmp_path))
   restored, restored_meta = reopened.restore_latest(train.abstract_train_state(config, tx, mesh))
   reopened.close()
+  assert set(restored_meta.pop('digests')) == {'state', 'params'}  # checksums of the arrays
   assert restored_meta == meta
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored),
                jax.device_get(state))

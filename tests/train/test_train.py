@@ -117,24 +117,67 @@ def test_resume_after_stop_and_torn_checkpoint(reference_run, config_path, tiny_
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(reference_run, config_path, tiny_data,
                                                        xla_cache, tmp_path):
-  """A real NaN: the run resumed from step 2 with a NaN loss weight stops at its first update,
-  before saving; resuming with the original config then gives the reference run."""
+  """A real divergence: resumed from step 1 with lr 1e30 (a valid config; the change needs
+  --allow_config_change), the second update makes the parameters overflow and the run stops
+  at the next loss, before saving; resuming with the original config gives the reference."""
   workdir = tmp_path / 'nan'
   args = (f'--config={config_path}', f'--config.data.dir={tiny_data}', f'--workdir={workdir}')
-  run_cli('train.py', *args, '--config.train.stop_after_steps=2', cache_dir=xla_cache)
-  proc = run_cli('train.py', *args, '--config.loss.clip_nce=nan', cache_dir=xla_cache,
-                 check=False)
+  run_cli('train.py', *args, '--config.train.stop_after_steps=1', cache_dir=xla_cache)
+  refused = run_cli('train.py', *args, '--config.optim.lr=1e30', cache_dir=xla_cache,
+                    check=False)
+  assert refused.returncode != 0
+  assert 'changed configuration: optim.lr: 0.0003 -> 1e+30' in refused.stderr
+  assert '--allow_config_change' in refused.stderr
+  proc = run_cli('train.py', *args, '--config.optim.lr=1e30', '--allow_config_change',
+                 cache_dir=xla_cache, check=False)
   assert proc.returncode != 0
   assert 'Non-finite loss at step 3 (epoch 0)' in proc.stderr
   assert 'loss=nan' in proc.stderr and 'clip_nce=nan' in proc.stderr
-  assert 'last good checkpoint (step 2)' in proc.stderr
-  assert os.listdir(workdir / 'checkpoints') == ['2']
+  assert 'last good checkpoint (step 1)' in proc.stderr
+  assert os.listdir(workdir / 'checkpoints') == ['1']
   params, _ = load_latest_params(workdir, config_path)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  history = read_jsonl(workdir / 'config_history.jsonl')
+  assert [h['changes'] for h in history] == [[], ['optim.lr: 0.0003 -> 1e+30']]
+  # The checkpoint holds the config that wrote it: the original lr resumes without a flag.
   shutil.rmtree(workdir / 'tensorboard')
   run_cli('train.py', *args, cache_dir=xla_cache)
   assert (json.loads((workdir / 'test_metrics.json').read_text())
           == json.loads((reference_run / 'test_metrics.json').read_text()))
+
+
+def test_resume_refuses_changes_an_exact_resume_cannot_absorb(reference_run, config_path,
+                                                              tmp_path_factory):
+  """Batch 10 gives the same 3 steps per epoch as 8 on 24 videos but another data stream; other
+  data under the same config is another run too. Both are refused before any training."""
+  from prvr_jax import train  # pylint: disable=g-import-not-at-top
+  from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  config = load_config(config_path)
+  config.data.dir = str(reference_run / 'synthetic' / 'tiny-seed0')
+  config.train.batch_size = 10
+  with pytest.raises(ValueError, match=r'train.batch_size: 8 -> 10.*Use a new --workdir'):
+    train.train_and_evaluate(config, str(reference_run), allow_config_change=True)
+  config.train.batch_size = 8
+  config.data.dir = synthetic.ensure('tiny', str(tmp_path_factory.mktemp('other')), seed=1)
+  with pytest.raises(ValueError, match=r'was trained on other data than config.data.dir gives '
+                     r"now \(splits: \{'test': '[0-9a-f]+', 'train'"):
+    train.train_and_evaluate(config, str(reference_run))
+
+
+def test_evaluating_on_other_data_needs_cross_dataset(reference_run, config_path, xla_cache,
+                                                      tmp_path):
+  from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  other = synthetic.ensure('tiny', str(tmp_path / 'other'), seed=1)
+  args = (f'--config={config_path}', f'--config.data.dir={other}',
+          f'--checkpoint={reference_run}', f'--output_dir={tmp_path / "out"}')
+  proc = run_cli('evaluate.py', *args, cache_dir=xla_cache, check=False)
+  assert proc.returncode != 0
+  assert 'was trained with other data than the evaluation data' in proc.stderr
+  assert '--cross_dataset' in proc.stderr and not (tmp_path / 'out').exists()
+  run_cli('evaluate.py', *args, '--cross_dataset', cache_dir=xla_cache)
+  metrics = json.loads((tmp_path / 'out' / 'metrics.json').read_text())
+  assert metrics['cross_dataset'] is True
+  assert metrics['trained_on']['splits']['test'] != metrics['data']['splits']['test']
 
 
 def test_workdir_of_another_model_errors(reference_run, tmp_path):

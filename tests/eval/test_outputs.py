@@ -1,0 +1,66 @@
+"""evaluate.py's outputs: written atomically without following links, and published together."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from prvr_jax import files
+from prvr_jax.eval import EvalResult, write_outputs
+
+
+def _result(value: float) -> EvalResult:
+  return EvalResult({'sumr': value}, np.full((3, 2), value, np.float32), np.ones(3, np.int64))
+
+
+def test_links_planted_in_the_output_folder_are_replaced_not_followed(tmp_path):
+  out, outside = tmp_path / 'out', tmp_path / 'outside'
+  out.mkdir()
+  outside.mkdir()
+  for name in ('scores.npy', 'metrics.json', 'metrics.json.tmp', 'scores.npy.tmp'):
+    (outside / name).write_text('precious')
+    os.symlink(outside / name, out / name)
+  write_outputs(str(out), _result(1.0), {'split': 'test'})
+  assert all((outside / n).read_text() == 'precious' for n in os.listdir(outside))
+  assert not (out / 'scores.npy').is_symlink() and not (out / 'metrics.json').is_symlink()
+  np.testing.assert_array_equal(np.load(out / 'scores.npy'), _result(1.0).scores)
+  assert json.loads((out / 'metrics.json').read_text())['split'] == 'test'
+
+
+def test_outputs_appear_together_or_not_at_all(tmp_path, monkeypatch):
+  out = tmp_path / 'out'
+  write_outputs(str(out), _result(1.0), {'split': 'val'})
+  metrics = json.loads((out / 'metrics.json').read_text())
+  assert metrics['scores_sha256'] == hashlib.sha256((out / 'scores.npy').read_bytes()).hexdigest()
+
+  # Interrupted after the new scores are in place: no metrics.json presents them as a result.
+  replace = os.replace
+  calls = []
+
+  def interrupted_replace(src, dst):
+    calls.append(dst)
+    if len(calls) == 2:
+      raise KeyboardInterrupt  # e.g. SIGTERM's handler
+    replace(src, dst)
+
+  monkeypatch.setattr(os, 'replace', interrupted_replace)
+  with pytest.raises(KeyboardInterrupt):
+    write_outputs(str(out), _result(2.0), {'split': 'test'})
+  monkeypatch.undo()
+  assert not (out / 'metrics.json').exists()
+  assert sorted(os.listdir(out)) == ['scores.npy']  # no temporary file left behind
+
+  # Interrupted while writing (before any rename): the old complete set stays.
+  write_outputs(str(out), _result(1.0), {'split': 'val'})
+
+  def failing_writer(f):
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    files.publish(str(out), {'scores.npy': files.npy_writer(np.zeros(3)),
+                             'metrics.json': failing_writer}, marker='metrics.json')
+  assert json.loads((out / 'metrics.json').read_text())['split'] == 'val'
+  np.testing.assert_array_equal(np.load(out / 'scores.npy'), _result(1.0).scores)
+  assert sorted(os.listdir(out)) == ['metrics.json', 'scores.npy']

@@ -1,0 +1,61 @@
+"""Configs: every field's type and range checked in one pass naming the flag; unknown override
+keys named with the nearest valid one; the model configs' variants all valid."""
+
+import pytest
+
+from prvr_jax import config_lib
+import support
+
+
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
+@pytest.mark.parametrize('variant', config_lib.VARIANTS)
+def test_every_shipped_config_is_valid(name, variant):
+  config_lib.validate(support.load_config(name, variant))
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('optim.lr', -1.0, r'--config.optim.lr=-1.0 must be a finite number > 0'),
+    ('optim.lr', 0.0, r'--config.optim.lr=0.0 must be a finite number > 0'),
+    ('train.num_epochs', -1, r'--config.train.num_epochs=-1 must be an integer >= 1'),
+    ('train.num_epochs', 0, r'--config.train.num_epochs=0 must be an integer >= 1'),
+    ('data.shuffle_buffer', 0, r'--config.data.shuffle_buffer=0 must be an integer >= 1'),
+    ('train.patience', -2, r'--config.train.patience=-2 must be an integer >= -1'),
+    ('loss.clip_nce', float('nan'), r'--config.loss.clip_nce=nan must be a finite number'),
+    ('model.dropout', 1.0, r'--config.model.dropout=1.0 must be .* < 1'),
+    ('eval.mv_groups', ((0.5, 0.25),), r'mv_groups=.* 0 <= low < high <= 1'),
+    ('train.matmul_precision', 'fp8', r"matmul_precision='fp8' must be one of"),
+    ('model.hidden_dim', 30, r'hidden_dim=30 must be a multiple of --config.model.num_heads=4'),
+])
+def test_bad_fields_are_refused_naming_the_flag(field, value, message):
+  config = support.load_config('gmmformer', 'tiny')
+  section, key = field.split('.')
+  config[section][key] = value
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(config)
+
+
+def test_all_problems_are_reported_at_once():
+  config = support.load_config('gmmformer_v2', 'tiny')
+  config.optim.lr, config.train.num_epochs, config.data.shuffle_buffer = -1.0, 0, 0
+  with pytest.raises(ValueError) as e:
+    config_lib.validate(config)
+  assert str(e.value).count('--config.') == 3
+
+
+def test_unknown_override_keys_name_the_nearest_valid_key():
+  argv = ['train.py', '--config=configs/gmmformer.py:tiny']
+  config_lib.check_override_flags(argv + ['--config.train.batch_size=3'])
+  with pytest.raises(SystemExit, match=r'Unknown config key --config.train.bach_size .* did '
+                     r'you mean --config.train.batch_size\?'):
+    config_lib.check_override_flags(argv + ['--config.train.bach_size=3'])
+  with pytest.raises(SystemExit, match=r'--config.zz.top .*the config has: data, eval, loss'):
+    config_lib.check_override_flags(argv + ['--config.zz.top', '3'])
+
+
+def test_cli_refuses_an_unknown_key_before_doing_anything(tmp_path):
+  proc = support.run_cli('train.py', '--config=configs/gmmformer.py:tiny',
+                         f'--workdir={tmp_path / "w"}', '--config.optim.learning_rate=1e-3',
+                         cache_dir=None, check=False, timeout=120)
+  assert proc.returncode != 0
+  assert 'Unknown config key --config.optim.learning_rate' in proc.stderr
+  assert 'Traceback' not in proc.stderr and not (tmp_path / 'w').exists()
