@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -38,6 +39,9 @@ TEXT_FEATURES = ('roberta', 'clip')
 _SPLIT_ORDER = ('train', 'val', 'test')
 _CAPTION_SUFFIX = '.caption.txt'
 _MAX_LISTED = 5
+# The most elements one caption's or one video's feature array may declare (256 MiB of
+# float32): a file declaring more is refused from its metadata, before anything is read.
+MAX_FEATURE_ELEMENTS = 1 << 26
 
 
 class DataError(ValueError):
@@ -64,6 +68,12 @@ def _require_files(paths: Sequence[str], what: str) -> None:
     raise FileNotFoundError(
         f'{what}: missing file(s):\n  ' + '\n  '.join(missing)
         + '\nexpected: ' + ', '.join(paths))
+
+
+def _too_large(kind: str, item_id: str, shape: tuple[int, ...], path: str) -> str:
+  return (f'{kind} {short(item_id)} declares features of shape {shape} in {path}, more than '
+          f'{MAX_FEATURE_ELEMENTS} elements: not the features of one {kind} (refused before '
+          'reading)')
 
 
 def _dim_error(flag: str, expected: int, actual: int, path: str) -> DataError:
@@ -627,6 +637,8 @@ class ReleaseSplit:
         return f'video {short(video_id)} is not in {rel.clip_videos.path}'
       if len(shape) != 2 or shape[0] == 0:
         return f'video {short(video_id)} has no frames (shape {shape}) in {rel.clip_videos.path}'
+      if math.prod(shape) > MAX_FEATURE_ELEMENTS:
+        return _too_large('video', video_id, shape, rel.clip_videos.path)
       dim, source = shape[1], rel.clip_videos.path
     else:
       frames = rel.video2frames.get(video_id)
@@ -655,6 +667,8 @@ class ReleaseSplit:
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
       return f'caption {short(cap_id)} has no token features (shape {shape}) in {path}'
+    if math.prod(shape) > MAX_FEATURE_ELEMENTS:
+      return _too_large('caption', cap_id, shape, path)
     dim = shape[-1]
     if self._query_dim is None:
       self._query_dim = dim

@@ -311,6 +311,18 @@ def test_caption_missing_from_hdf5(tvr):
     _open(root).split('val')
 
 
+def test_a_caption_declaring_huge_features_is_refused_before_reading(tvr):
+  """A small HDF5 file declaring a 100M x 768 dataset (never written: no chunk stored) would
+  make any reader allocate 300 GB."""
+  root, _, _ = tvr
+  with h5py.File(_query_file(root), 'a') as f:
+    del f['v2#enc#0']
+    f.create_dataset('v2#enc#0', shape=(100_000_000, 768), dtype='f4', chunks=(1, 768))
+  with pytest.raises(DataError, match=r"caption 'v2#enc#0' declares features of shape "
+                     r'\(100000000, 768\) .*\(refused before reading'):
+    _open(root).split('val')
+
+
 def test_nan_in_features(tvr):
   root, videos, _ = tvr
   bin_path = os.path.join(_feature_dir(root), 'feature.bin')
