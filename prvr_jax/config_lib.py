@@ -294,8 +294,11 @@ def check_override_flags(argv: Sequence[str], flag: str = 'config') -> None:
     raise SystemExit(f'--{flag}={files_given[-1]}: no config file {path}')
   spec = importlib.util.spec_from_file_location('_checked_config', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  known = flat_items(module.get_config(arg or None))
+  try:
+    spec.loader.exec_module(module)
+    known = flat_items(module.get_config(arg or None))
+  except ValueError as e:  # e.g. an unknown variant
+    raise SystemExit(f'--{flag}={files_given[-1]}: {e}') from None
   for item in argv:
     if item.startswith(f'--{flag}.'):
       key = item[len(flag) + 3:].split('=', 1)[0]

@@ -7,10 +7,15 @@ and a reader sees the old file or the new one, never half of one. `publish` exte
 several files that belong together.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 import contextlib
+import datetime
+import errno
+import fcntl
 import json
 import os
+import socket
+import sys
 import tempfile
 from typing import Any, BinaryIO
 
@@ -95,3 +100,41 @@ def publish(folder: str, outputs: Mapping[str, Writer], marker: str) -> None:
     for tmp in temporary.values():
       with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
+
+
+class FolderBusyError(RuntimeError):
+  """Another process holds a folder's lock; the message names it."""
+
+
+def utc_now() -> str:
+  """The current UTC time, ISO 8601 to the second."""
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str, name: str, what: str, flag: str,
+                error: type[FolderBusyError] = FolderBusyError) -> Iterator[None]:
+  """Holds `<folder>/<name>` exclusively (an advisory flock) for the duration.
+
+  The lock file records the holder (pid, host, start time, command); a second holder (`what`,
+  e.g. 'training run') is refused with `error` naming the first and suggesting another
+  `flag`. A link planted at the lock's name is not followed.
+  """
+  path = os.path.join(folder, name)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES):
+        raise
+      holder = os.pread(fd, 4096, 0).decode(errors='replace').strip() or 'unknown'
+      raise error(f'{folder} is in use by another {what} ({short(holder, 300, quote=False)}). '
+                  f'Wait for it to end, stop it, or use another {flag}.') from None
+    holder = json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
+                         'started': utc_now(), 'command': ' '.join(sys.argv)})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # releases the lock

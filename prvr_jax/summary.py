@@ -48,6 +48,7 @@ def format_table(params: Any, depth: int | None = None) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
+  config_lib.validate(flags.FLAGS.config)
   config_model = flags.FLAGS.config.model
   print(format_table(registry.get_spec(config_model).param_shapes(config_model)))
 

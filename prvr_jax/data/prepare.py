@@ -50,6 +50,7 @@ from prvr_jax.data import release as release_lib
 _log = logging.getLogger(__name__)
 
 MANIFEST = 'manifest.json'
+LOCK_FILE = '.prepare.lock'
 FORMAT = 'prvr_jax.shards'
 FORMAT_VERSION = 1
 BUILDER_NAME = 'prvr_features'
@@ -392,113 +393,116 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
   if num_shards < 0:
     raise ValueError(f'--num_shards={num_shards}: the number of shards per split must be '
                      'positive, or 0 for about 256 MiB per shard')
-  release = release_lib.Release(
-      release_dir, collection, visual_feature, text_feature, num_clips=num_clips,
-      max_frames=max_frames, max_query_len=max_query_len, visual_dim=visual_dim,
-      query_dim=query_dim, skip_bad_items=skip_bad_items)
-  splits = tuple(splits or release.splits)
-  settings = {
-      'collection': release.collection,
-      'visual_feature': visual_feature,
-      'text_feature': text_feature,
-      'num_clips': num_clips,
-      'max_frames': max_frames,
-      'max_query_len': max_query_len,
-      'normalize': release.normalize,
-      'l2_eps': preprocess.L2_EPS,
-      'skip_bad_items': skip_bad_items,
-  }
   manifest_path = os.path.join(out_dir, MANIFEST)
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(manifest_path):
+  if (os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_FILE}
+      and not os.path.isfile(manifest_path)):
     raise ShardError(f'refusing to write shards into {out_dir}: it is a non-empty folder '
                      f'without {MANIFEST}, not a shard folder; choose a new or empty --out')
   os.makedirs(out_dir, exist_ok=True)
-  manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
-              'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
-              'preprocessing': settings, 'splits': {}}
-  if os.path.isfile(manifest_path):
-    with open(manifest_path, encoding='utf-8') as f:
-      old = json.load(f)
-    if old.get('preprocessing') != settings:
-      raise ShardError(f'{manifest_path} was prepared with other settings '
-                       f'({short(old.get("preprocessing"), 300)}); use another --out or delete it')
-    manifest['splits'] = {k: v for k, v in old.get('splits', {}).items() if k in splits}
-    manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
-  files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
+  with files.folder_lock(out_dir, LOCK_FILE, 'preparation of these shards', '--out'):
+    release = release_lib.Release(
+        release_dir, collection, visual_feature, text_feature, num_clips=num_clips,
+        max_frames=max_frames, max_query_len=max_query_len, visual_dim=visual_dim,
+        query_dim=query_dim, skip_bad_items=skip_bad_items)
+    splits = tuple(splits or release.splits)
+    settings = {
+        'collection': release.collection,
+        'visual_feature': visual_feature,
+        'text_feature': text_feature,
+        'num_clips': num_clips,
+        'max_frames': max_frames,
+        'max_query_len': max_query_len,
+        'normalize': release.normalize,
+        'l2_eps': preprocess.L2_EPS,
+        'skip_bad_items': skip_bad_items,
+    }
+    manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
+                'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
+                'preprocessing': settings, 'splits': {}}
+    if os.path.isfile(manifest_path):
+      with open(manifest_path, encoding='utf-8') as f:
+        old = json.load(f)
+      if old.get('preprocessing') != settings:
+        raise ShardError(f'{manifest_path} was prepared with other settings '
+                         f'({short(old.get("preprocessing"), 300)}); use another --out or '
+                         'delete it')
+      manifest['splits'] = {k: v for k, v in old.get('splits', {}).items() if k in splits}
+      manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
+    files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
 
-  for name in splits:
-    fingerprint = input_fingerprint(release, name, settings)
-    entry = manifest['splits'].get(name)
-    if _split_done(out_dir, entry, fingerprint):
-      _log.info('split %s: already prepared in %s', name, out_dir)
-      continue
-    if entry:
-      _log.warning('split %s: its release files changed since it was prepared in %s; '
-                   'rebuilding it', name, out_dir)
-      del manifest['splits'][name]
-      manifest['complete'] = False
+    for name in splits:
+      fingerprint = input_fingerprint(release, name, settings)
+      entry = manifest['splits'].get(name)
+      if _split_done(out_dir, entry, fingerprint):
+        _log.info('split %s: already prepared in %s', name, out_dir)
+        continue
+      if entry:
+        _log.warning('split %s: its release files changed since it was prepared in %s; '
+                     'rebuilding it', name, out_dir)
+        del manifest['splits'][name]
+        manifest['complete'] = False
+        files.write_json(manifest_path, manifest)
+      split = release.split(name)
+      moments = split_moments(release, name)
+      _check_moments(moments, split, moments_path(release, name))
+      n = num_shards or _auto_num_shards(split, release)
+      config = PrvrConfig(
+          name=f'{release.collection}-{visual_feature or text_feature}-{name}',
+          collection=release.collection, visual_feature=visual_feature,
+          text_feature=text_feature, splits=(name,), num_clips=num_clips, max_frames=max_frames,
+          max_query_len=max_query_len, skip_bad_items=skip_bad_items)
+      builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
+      _log.info('split %s: %d videos, %d captions -> %d shards in %s', name,
+                len(split.video_ids), len(split.caption_ids), n, builder.data_dir)
+      # Regenerate, never reuse a dataset TFDS finds in the folder: it may be of other inputs.
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          manual_dir=release_dir, num_shards=min(n, len(split.video_ids)),
+          download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+      if split.skipped:
+        _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
+                     split.skipped[0][1])
+
+      paths = [os.path.join(builder.data_dir, os.fspath(f))
+               for f in builder.info.splits[name].filenames]
+      written = _written_counts(paths)
+      orders = [o for shard_orders, _ in written for o in shard_orders]
+      counts = [c for _, shard_counts in written for c in shard_counts]
+      if sorted(orders) != list(range(len(split.video_ids))) or sum(counts) != len(
+          split.caption_ids):
+        raise ShardError(f'the shards of split {name!r} in {builder.data_dir} hold {len(orders)} '
+                         f'videos and {sum(counts)} captions, but the split has '
+                         f'{len(split.video_ids)} videos and {len(split.caption_ids)} captions; '
+                         'delete the folder and prepare again')
+      shards = [{'file': os.path.relpath(path, out_dir), 'num_videos': len(shard_orders),
+                 'num_captions': sum(shard_counts), 'bytes': os.path.getsize(path),
+                 'sha256': sha256_file(path)}
+                for path, (shard_orders, shard_counts) in zip(paths, written)]
+      index_file = f'index-{name}.json'
+      _write_index(os.path.join(out_dir, index_file), split, moments)
+      manifest['splits'][name] = _split_summary(
+          split, moments, shards, counts, index_file,
+          sha256_file(os.path.join(out_dir, index_file)), fingerprint)
+      manifest['visual_dim'] = split.visual_dim
+      manifest['query_dim'] = split.query_dim
       files.write_json(manifest_path, manifest)
-    split = release.split(name)
-    moments = split_moments(release, name)
-    _check_moments(moments, split, moments_path(release, name))
-    n = num_shards or _auto_num_shards(split, release)
-    config = PrvrConfig(
-        name=f'{release.collection}-{visual_feature or text_feature}-{name}',
-        collection=release.collection, visual_feature=visual_feature,
-        text_feature=text_feature, splits=(name,), num_clips=num_clips, max_frames=max_frames,
-        max_query_len=max_query_len, skip_bad_items=skip_bad_items)
-    builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
-    _log.info('split %s: %d videos, %d captions -> %d shards in %s', name,
-              len(split.video_ids), len(split.caption_ids), n, builder.data_dir)
-    # Regenerate, never reuse a dataset TFDS finds in the folder: it may be of other inputs.
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=release_dir, num_shards=min(n, len(split.video_ids)),
-        download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
-    if split.skipped:
-      _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
-                   split.skipped[0][1])
 
-    paths = [os.path.join(builder.data_dir, os.fspath(f))
-             for f in builder.info.splits[name].filenames]
-    written = _written_counts(paths)
-    orders = [o for shard_orders, _ in written for o in shard_orders]
-    counts = [c for _, shard_counts in written for c in shard_counts]
-    if sorted(orders) != list(range(len(split.video_ids))) or sum(counts) != len(
-        split.caption_ids):
-      raise ShardError(f'the shards of split {name!r} in {builder.data_dir} hold {len(orders)} '
-                       f'videos and {sum(counts)} captions, but the split has '
-                       f'{len(split.video_ids)} videos and {len(split.caption_ids)} captions; '
-                       'delete the folder and prepare again')
-    shards = [{'file': os.path.relpath(path, out_dir), 'num_videos': len(shard_orders),
-               'num_captions': sum(shard_counts), 'bytes': os.path.getsize(path),
-               'sha256': sha256_file(path)}
-              for path, (shard_orders, shard_counts) in zip(paths, written)]
-    index_file = f'index-{name}.json'
-    _write_index(os.path.join(out_dir, index_file), split, moments)
-    manifest['splits'][name] = _split_summary(
-        split, moments, shards, counts, index_file,
-        sha256_file(os.path.join(out_dir, index_file)), fingerprint)
-    manifest['visual_dim'] = split.visual_dim
-    manifest['query_dim'] = split.query_dim
+    overlaps = split_overlaps(out_dir, manifest, train_split)
+    manifest['split_overlaps'] = overlaps
+    if overlaps:
+      described = '; '.join(f'{pair}: {o["videos"]} videos, e.g. {short(o["first"])}'
+                            for pair, o in overlaps.items())
+      if not allow_split_overlap:
+        files.write_json(manifest_path, manifest)
+        raise ShardError(
+            f'{release.layout.collection_dir}: the training split shares videos with other '
+            f'splits ({described}): evaluating on videos seen in training leaks the test set. '
+            'Fix the caption files, or set config.data.allow_split_overlap=True to accept it '
+            'knowingly (it is then recorded in the manifest and warned about).')
+      _log.warning('%s: overlapping splits accepted (allow_split_overlap): %s',
+                   release.layout.collection_dir, described)
+    manifest['complete'] = True
     files.write_json(manifest_path, manifest)
-
-  overlaps = split_overlaps(out_dir, manifest, train_split)
-  manifest['split_overlaps'] = overlaps
-  if overlaps:
-    described = '; '.join(f'{pair}: {o["videos"]} videos, e.g. {short(o["first"])}'
-                          for pair, o in overlaps.items())
-    if not allow_split_overlap:
-      files.write_json(manifest_path, manifest)
-      raise ShardError(
-          f'{release.layout.collection_dir}: the training split shares videos with other '
-          f'splits ({described}): evaluating on videos seen in training leaks the test set. '
-          'Fix the caption files, or set config.data.allow_split_overlap=True to accept it '
-          'knowingly (it is then recorded in the manifest and warned about).')
-    _log.warning('%s: overlapping splits accepted (allow_split_overlap): %s',
-                 release.layout.collection_dir, described)
-  manifest['complete'] = True
-  files.write_json(manifest_path, manifest)
-  return manifest_path
+    return manifest_path
 
 
 def prepare_from_config(config, out_dir: str, num_shards: int = 0) -> str:

@@ -20,6 +20,7 @@ from prvr_jax.eval.splits import eval_split
 
 METRICS_FILE = 'metrics.json'
 SCORES_FILE = 'scores.npy'
+LOCK_FILE = '.evaluate.lock'
 
 
 def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) -> None:
@@ -30,8 +31,13 @@ def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) 
   files.npy_writer(result.scores)(scores)
   scores = scores.getvalue()
   metrics = {**result.metrics, **info, 'scores_sha256': hashlib.sha256(scores).hexdigest()}
-  files.publish(output_dir, {SCORES_FILE: lambda f: f.write(scores),
-                             METRICS_FILE: files.json_writer(metrics)}, marker=METRICS_FILE)
+  os.makedirs(output_dir, exist_ok=True)
+  # Two evaluations publishing into one folder at once could pair one's metrics with the
+  # other's scores.
+  with files.folder_lock(output_dir, LOCK_FILE, 'evaluation writing its outputs',
+                         '--output_dir'):
+    files.publish(output_dir, {SCORES_FILE: lambda f: f.write(scores),
+                               METRICS_FILE: files.json_writer(metrics)}, marker=METRICS_FILE)
 
 
 def check_data(trained_on: Mapping[str, Any] | None, evaluated_on: Mapping[str, Any],

@@ -1,7 +1,7 @@
 """The run directory: one run at a time, and what a resumed run may change.
 
-* `lock(workdir)`: an exclusive lock (`<workdir>/.lock`, flock) held by a run's process 0;
-  a second run on the same workdir is refused with a message naming the first.
+* `lock(workdir)`: an exclusive lock (`<workdir>/.lock`, `files.folder_lock`) held by a run's
+  process 0; a second run on the same workdir is refused with a message naming the first.
 * `resume_config_changes(saved, config)`: the fields a resumed run changes, split into
   those that make an exact resume impossible (the model, the data stream: always refused)
   and the others (accepted with `--allow_config_change`).
@@ -9,15 +9,10 @@
   per start in `config_history.jsonl`.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 import contextlib
-import datetime
-import errno
-import fcntl
 import json
 import os
-import socket
-import sys
 from typing import Any
 
 from prvr_jax import files
@@ -40,7 +35,7 @@ OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_kee
                       'train.checkpoint_every_steps', 'train.stop_after_steps')
 
 
-class WorkdirBusyError(RuntimeError):
+class WorkdirBusyError(files.FolderBusyError):
   """Another run holds the workdir's lock."""
 
 
@@ -60,40 +55,11 @@ def check_is_workdir(workdir: str) -> None:
                      'empty folder.')
 
 
-@contextlib.contextmanager
-def lock(workdir: str, enabled: bool = True) -> Iterator[None]:
-  """Holds `<workdir>/.lock` exclusively for the duration (a no-op when not `enabled`).
-
-  The lock file records the holder (pid, host, start time, command) for the message a second
-  run gets. It is an advisory flock: it holds on local and most network file systems.
-  """
+def lock(workdir: str, enabled: bool = True) -> contextlib.AbstractContextManager:
+  """Holds `<workdir>/.lock` for the run (`files.folder_lock`); a no-op when not `enabled`."""
   if not enabled:
-    yield
-    return
-  path = os.path.join(workdir, LOCK_FILE)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EAGAIN, errno.EACCES):
-        raise
-      with open(path, encoding='utf-8', errors='replace') as f:
-        holder = f.read().strip() or 'unknown'
-      raise WorkdirBusyError(
-          f'{workdir} is in use by another training run ({files.short(holder, 300, quote=False)}).'
-          ' Wait for it to end, stop it, or use another --workdir.') from None
-    holder = json.dumps({'pid': os.getpid(), 'host': socket.gethostname(),
-                         'started': _now(), 'command': ' '.join(sys.argv)})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, holder.encode(), 0)
-    yield
-  finally:
-    os.close(fd)  # releases the lock
-
-
-def _now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+    return contextlib.nullcontext()
+  return files.folder_lock(workdir, LOCK_FILE, 'training run', '--workdir', WorkdirBusyError)
 
 
 def _as_json(tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,6 +95,6 @@ def record_config(workdir: str, config: Mapping[str, Any], step: int,
   """Writes `config.json` and appends a line (time, step, changes, config) to the history."""
   config = _as_json(config)
   files.write_json(os.path.join(workdir, CONFIG_FILE), config)
-  line = json.dumps({'time': _now(), 'step': step, 'changes': changes, 'config': config})
+  line = json.dumps({'time': files.utc_now(), 'step': step, 'changes': changes, 'config': config})
   with open(os.path.join(workdir, CONFIG_HISTORY_FILE), 'a', encoding='utf-8') as f:
     f.write(line + '\n')

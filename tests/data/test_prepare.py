@@ -250,3 +250,15 @@ def test_tfds_builder_with_manual_dir(tmp_path):
   caps = [split.caption_features(c) for c in split.captions_of(split.video_ids[0])]
   np.testing.assert_array_equal(first['caption_feats'], np.concatenate(caps))
   assert (first['spans'] >= 0).all() and first['duration'] > 0
+
+
+def test_two_preparations_of_one_folder_are_not_run_at_once(tmp_path):
+  from prvr_jax import files  # pylint: disable=g-import-not-at-top
+  root = _toy_release(str(tmp_path / 'release'))
+  out = tmp_path / 'shards'
+  out.mkdir()
+  with files.folder_lock(str(out), prepare.LOCK_FILE, 'test', '--out'):
+    with pytest.raises(files.FolderBusyError, match=r'in use by another preparation of these '
+                       r'shards \(.*"pid"'):
+      prepare.prepare_shards(root, str(out), collection='toy', visual_feature='feat')
+  prepare.prepare_shards(root, str(out), collection='toy', visual_feature='feat')  # then it can

@@ -50,7 +50,7 @@ def test_outputs_appear_together_or_not_at_all(tmp_path, monkeypatch):
     write_outputs(str(out), _result(2.0), {'split': 'test'})
   monkeypatch.undo()
   assert not (out / 'metrics.json').exists()
-  assert sorted(os.listdir(out)) == ['scores.npy']  # no temporary file left behind
+  assert sorted(os.listdir(out)) == ['.evaluate.lock', 'scores.npy']  # no temporary file left
 
   # Interrupted while writing (before any rename): the old complete set stays.
   write_outputs(str(out), _result(1.0), {'split': 'val'})
@@ -63,4 +63,4 @@ def test_outputs_appear_together_or_not_at_all(tmp_path, monkeypatch):
                              'metrics.json': failing_writer}, marker='metrics.json')
   assert json.loads((out / 'metrics.json').read_text())['split'] == 'val'
   np.testing.assert_array_equal(np.load(out / 'scores.npy'), _result(1.0).scores)
-  assert sorted(os.listdir(out)) == ['metrics.json', 'scores.npy']
+  assert sorted(os.listdir(out)) == ['.evaluate.lock', 'metrics.json', 'scores.npy']
