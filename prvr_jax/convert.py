@@ -393,7 +393,7 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
       (f'parameters of our {model_name} without an official counterpart', unmapped)) if items]
   if problems:
     raise ValueError(f'cannot convert the state_dict to {model_name} params:\n' + '\n'.join(
-        f'  {title} ({len(items)}):\n' + '\n'.join(f'    {i}' for i in items)
+        f'  {title} ({len(items)}):\n' + files.listing(items, indent='    ', line_chars=120)
         for title, items in problems))
   return _unflatten(flat)
 

@@ -7,7 +7,7 @@ and a reader sees the old file or the new one, never half of one. `publish` exte
 several files that belong together.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import contextlib
 import datetime
 import errno
@@ -32,6 +32,16 @@ def short(value: Any, limit: int = MESSAGE_VALUE_CHARS, quote: bool = True) -> s
   if len(text) <= limit:
     return text
   return f'{text[:limit]}... ({len(text)} characters)'
+
+
+def listing(items: Sequence[str], indent: str = '  ', limit: int = 10,
+            line_chars: int = 500) -> str:
+  """Message lines of `items`, each cut to `line_chars` (room for a path and a cut id), at most
+  `limit` of them (then '... and N more')."""
+  lines = [indent + short(item, line_chars, quote=False) for item in items[:limit]]
+  if len(items) > limit:
+    lines.append(f'{indent}... and {len(items) - limit} more')
+  return '\n'.join(lines)
 
 
 Writer = Callable[[BinaryIO], Any]

@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 from prvr_jax.data import preprocess
-from prvr_jax.files import short
+from prvr_jax.files import listing, short
 
 _log = logging.getLogger(__name__)
 
@@ -54,12 +54,10 @@ def video_id_of(cap_id: str) -> str:
 
 
 def _raise_problems(problems: Sequence[str], what: str) -> None:
-  if not problems:
-    return
-  listed = '\n  '.join(problems[:_MAX_LISTED])
-  more = f'\n  ... and {len(problems) - _MAX_LISTED} more' if len(problems) > _MAX_LISTED else ''
-  raise DataError(f'{len(problems)} bad item(s) in {what}:\n  {listed}{more}\n'
-                  'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
+  if problems:
+    raise DataError(f'{len(problems)} bad item(s) in {what}:\n'
+                    f'{listing(problems, limit=_MAX_LISTED)}\n'
+                    'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
 
 
 def _require_files(paths: Sequence[str], what: str) -> None:

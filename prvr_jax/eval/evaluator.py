@@ -29,6 +29,7 @@ import numpy as np
 
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
+from prvr_jax.files import short
 from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY
 from prvr_jax.models import registry
 
@@ -197,7 +198,7 @@ class Evaluator:
     missing = np.flatnonzero(ground_truth < 0)
     if missing.size:
       raise ValueError(f'{missing.size} of {num_queries} queries were never scored (first: '
-                       f'{[data.caption_ids[i] for i in missing[:3]]}).')
+                       f'{short([data.caption_ids[i] for i in missing[:3]])}).')
     v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
     metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio, self.mv_groups)
     return EvalResult(metrics, scores, ranks)
@@ -214,7 +215,7 @@ def _check_rows(data: EvalSplit, keys: np.ndarray, gt: np.ndarray, gt_count: np.
       video_key = int(gt[i])
       video = f'(key {video_key})'
       if 0 <= video_key < len(data.video_ids):
-        video = f'{data.video_ids[video_key]!r} {video}'
-      raise ValueError(f'Query {data.caption_ids[keys[i]]!r} (key {keys[i]}): '
+        video = f'{short(data.video_ids[video_key])} {video}'
+      raise ValueError(f'Query {short(data.caption_ids[keys[i]])} (key {keys[i]}): '
                        + what.format(video=video) + f' ({int(bad.sum())} such queries '
                        'in this batch).')

@@ -16,11 +16,10 @@ import os
 from typing import Any
 
 from prvr_jax import files
-from prvr_jax.checkpoint import CONFIG_FILE
+from prvr_jax.checkpoint import BEST_DIR, CONFIG_FILE, LATEST_DIR
 from prvr_jax.config_lib import flat_items
 
 LOCK_FILE = '.lock'
-
 CONFIG_HISTORY_FILE = 'config_history.jsonl'
 
 # Fields that fix the model or the order and content of the training batches: a resumed run
@@ -40,7 +39,7 @@ class WorkdirBusyError(files.FolderBusyError):
 
 
 # Files a workdir holds from its first run on; one of them marks a folder as a workdir.
-_WORKDIR_MARKERS = (CONFIG_FILE, 'checkpoints', 'best', LOCK_FILE)
+_WORKDIR_MARKERS = (CONFIG_FILE, LATEST_DIR, BEST_DIR, LOCK_FILE)
 
 
 def check_is_workdir(workdir: str) -> None:
