@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from prvr_jax import files
 from prvr_jax import metrics
+from prvr_jax.files import short
 from prvr_jax.data import prepare
 
 _log = logging.getLogger(__name__)
@@ -140,10 +141,30 @@ def open_shards(path: str) -> ShardDataset:
   if not manifest.get('complete'):
     raise prepare.ShardError(f'{manifest_path}: preparation did not finish; run '
                              '`python -m prvr_jax.data.prepare` again with the same --out to finish it')
+  try:
+    return _shard_dataset(path, manifest, manifest_path)
+  except (KeyError, TypeError, ValueError, AttributeError) as e:
+    if isinstance(e, prepare.ShardError):
+      raise
+    raise prepare.ShardError(f'{manifest_path} is malformed ({type(e).__name__}: '
+                             f'{short(str(e), quote=False)}); prepare the shards again') from None
+
+
+def _inside(folder: str, relative: str, manifest_path: str) -> str:
+  """`folder/relative`, refused when it would lie outside `folder` (a hostile manifest)."""
+  target = os.path.normpath(os.path.join(folder, relative))
+  if os.path.isabs(relative) or os.path.commonpath([folder, target]) != folder:
+    raise prepare.ShardError(f'{manifest_path} lists a file outside its folder: '
+                             f'{short(relative)}')
+  return target
+
+
+def _shard_dataset(path: str, manifest: dict[str, Any], manifest_path: str) -> ShardDataset:
+  """The `ShardDataset` of a parsed manifest, every listed file checked."""
   splits = {}
   for name, s in manifest['splits'].items():
-    shards = tuple(Shard(os.path.join(path, d['file']), d['num_videos'], d['num_captions'],
-                         d['bytes'], d['sha256']) for d in s['shards'])
+    shards = tuple(Shard(_inside(path, d['file'], manifest_path), d['num_videos'],
+                         d['num_captions'], d['bytes'], d['sha256']) for d in s['shards'])
     for shard in shards:
       if not os.path.isfile(shard.path):
         raise prepare.ShardError(f'shard {shard.path} (listed in {manifest_path}) is missing')
@@ -156,7 +177,8 @@ def open_shards(path: str) -> ShardDataset:
         max_captions_per_video=s['max_captions_per_video'],
         caption_count_histogram={int(k): v for k, v in s['caption_count_histogram'].items()},
         has_spans=s['has_spans'], skipped=tuple(tuple(x) for x in s['skipped']),
-        index_path=os.path.join(path, s['index']['file']), index_sha256=s['index']['sha256'])
+        index_path=_inside(path, s['index']['file'], manifest_path),
+        index_sha256=s['index']['sha256'])
   pre = manifest['preprocessing']
   overlaps = manifest.get('split_overlaps', {})
   if overlaps:

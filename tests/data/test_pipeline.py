@@ -1,6 +1,7 @@
 """tf.data pipelines: batch contract, host splitting, determinism/resume, eval coverage, errors."""
 
 import collections
+import json
 import os
 import shutil
 
@@ -202,3 +203,24 @@ def test_resolve_shards_prepares_a_release_once(tmp_path):
   with pytest.raises(ValueError, match=r"config\.data\.collection='tvr' but the shards in .* "
                      r"have collection='synthetic'"):
     pipeline.resolve_shards(config)
+
+
+def test_hostile_or_malformed_manifests_are_refused(tmp_path):
+  out = synthetic.write_shards(synthetic.SIZES['tiny'], str(tmp_path / 'shards'), num_shards=2)
+  manifest_path = os.path.join(out, prepare.MANIFEST)
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  outside = dict(manifest)
+  outside['splits'] = {**manifest['splits'], 'test': {
+      **manifest['splits']['test'], 'index': {'file': '../../../etc/passwd', 'sha256': 'x'}}}
+  with open(manifest_path, 'w') as f:
+    json.dump(outside, f)
+  with pytest.raises(prepare.ShardError, match=r"lists a file outside its folder: "
+                     r"'\.\./\.\./\.\./etc/passwd'"):
+    pipeline.open_shards(out)
+  broken = {k: v for k, v in manifest.items() if k != 'visual_dim'}
+  with open(manifest_path, 'w') as f:
+    json.dump(broken, f)
+  with pytest.raises(prepare.ShardError,
+                     match=r"manifest.json is malformed \(KeyError: 'visual_dim'\)"):
+    pipeline.open_shards(out)
