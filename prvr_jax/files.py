@@ -1,10 +1,13 @@
-"""Safe file writing shared by data preparation, training and evaluation, and short messages.
+"""Safe files for data preparation, training and evaluation, and short error messages.
 
-Every output is written to a new, uniquely named temporary file in its folder (created
-exclusively, so nothing planted there is followed or overwritten) and then renamed over its
-name. A rename replaces a symbolic link planted at that name instead of writing through it,
-and a reader sees the old file or the new one, never half of one. `publish` extends this to
-several files that belong together.
+* Writes: every output is written to a new, uniquely named temporary file in its folder
+  (created exclusively, so nothing planted there is followed or overwritten) and then renamed
+  over its name. A rename replaces a symbolic link planted at that name instead of writing
+  through it, and a reader sees the old file or the new one, never half of one. `publish`
+  extends this to several files that belong together.
+* `folder_lock`: one process at a time in a folder (a workdir, a shard folder, an evaluation's
+  output folder), the second refused with a message naming the first.
+* `short`, `listing`: ids, lines and lists echoed in messages, cut to a readable length.
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
