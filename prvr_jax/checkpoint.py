@@ -108,8 +108,8 @@ class _Store:
   """The steps of one Orbax manager folder, each an `item` and a JSON `meta` item.
 
   `digests(value)` names the sub-trees whose sha256 a save records in `meta['digests']`.
-  With `writable`, incomplete step folders are set aside (renamed `<step>.incomplete`) so
-  that the run can save that step again.
+  With `writable`, incomplete step folders are set aside (renamed `<step>.incomplete`, by
+  process 0) so that the run can save that step again.
   """
 
   def __init__(self, directory: str, item: str, digests: Callable[[Any], dict[str, Any]],
@@ -117,15 +117,16 @@ class _Store:
     self.directory, self.item, self._digests = directory, item, digests
     for step in self._incomplete_steps():
       step_dir = os.path.join(directory, str(step))
-      if writable:
+      if writable and jax.process_index() == 0:
         aside = f'{step_dir}.incomplete'
         logging.warning('%s is an incomplete checkpoint (an interrupted save); it is set '
                         'aside as %s.', step_dir, aside)
         os.replace(step_dir, aside)
-      else:
+      elif not writable:
         logging.warning('%s is an incomplete checkpoint (an interrupted save); skipped.',
                         step_dir)
     if writable:
+      parallel.sync(f'prvr_jax:checkpoints:{directory}')  # process 0 set them aside
       options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
                                              enable_async_checkpointing=True)
       self.manager = ocp.CheckpointManager(directory, item_names=(item, 'meta'),
