@@ -1,6 +1,7 @@
 """Our checkpoints are never trusted blindly: damaged, incomplete or non-finite ones are refused
 with a message naming their folder; incomplete steps are skipped (set aside when training)."""
 
+import importlib.util
 import logging
 import os
 import pathlib
@@ -123,8 +124,13 @@ def test_non_finite_parameters_are_refused(tiny, tmp_path):
 
 
 def _save_state_dict(path: pathlib.Path, state_dict: dict[str, np.ndarray]) -> None:
-  """A torch-format state_dict of float32 tensors written without torch: a zip of a
-  protocol-2 pickle (a dict of rebuilt tensors) and one raw record per tensor."""
+  """A torch-format state_dict of float32 tensors: by torch when it is installed (its reader
+  wants torch's own records), else a zip of a protocol-2 pickle (a dict of rebuilt tensors)
+  and one raw record per tensor."""
+  if importlib.util.find_spec('torch'):
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, path)
+    return
   text = lambda s: b'X' + struct.pack('<I', len(s)) + s.encode()
   integer = lambda x: b'J' + struct.pack('<i', x)
   ints = lambda xs: b'(' + b''.join(integer(x) for x in xs) + b't'
