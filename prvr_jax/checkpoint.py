@@ -40,6 +40,9 @@ LATEST_DIR = 'checkpoints'
 BEST_DIR = 'best'
 CONFIG_FILE = 'config.json'
 TORCH_SUFFIXES = ('.ckpt', '.pth', '.pt', '.bin')
+# The array item of a step of `checkpoints/` (a full train state) and of `best/` (parameters).
+LATEST_ITEM = 'state'
+BEST_ITEM = 'params'
 # Orbax writes this file last when it finalises a step folder.
 _FINALIZED = '_CHECKPOINT_METADATA'
 
@@ -104,6 +107,22 @@ def check_finite(params: Any, where: str) -> None:
                           f'{bad[0][0]}, {bad[0][1]} values); refusing to use them.')
 
 
+def _step_folders(directory: str) -> list[int]:
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def complete_steps(directory: str, item: str) -> list[int]:
+  """The steps of a manager folder that Orbax finalised with their `item` and `meta`."""
+  def complete(step):
+    step_dir = os.path.join(directory, str(step))
+    return (os.path.isfile(os.path.join(step_dir, _FINALIZED))
+            and os.path.isfile(os.path.join(step_dir, 'meta', 'metadata'))
+            and os.path.isdir(os.path.join(step_dir, item)))
+  return [s for s in _step_folders(directory) if complete(s)]
+
+
 class _Store:
   """The steps of one Orbax manager folder, each an `item` and a JSON `meta` item.
 
@@ -134,23 +153,12 @@ class _Store:
     else:
       self.manager = ocp.CheckpointManager(directory)
 
-  def _step_folders(self) -> list[int]:
-    if not os.path.isdir(self.directory):
-      return []
-    return sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
-
-  def _is_complete(self, step: int) -> bool:
-    step_dir = os.path.join(self.directory, str(step))
-    return (os.path.isfile(os.path.join(step_dir, _FINALIZED))
-            and os.path.isfile(os.path.join(step_dir, 'meta', 'metadata'))
-            and os.path.isdir(os.path.join(step_dir, self.item)))
-
   def _incomplete_steps(self) -> list[int]:
-    return [s for s in self._step_folders() if not self._is_complete(s)]
+    return sorted(set(_step_folders(self.directory)) - set(self.steps()))
 
   def steps(self) -> list[int]:
     """The complete steps, oldest first."""
-    return [s for s in self._step_folders() if self._is_complete(s)]
+    return complete_steps(self.directory, self.item)
 
   def latest_step(self) -> int | None:
     steps = self.steps()
@@ -212,12 +220,12 @@ class _Store:
 
 
 def _latest_store(directory: str, keep: int = 1, writable: bool = False) -> _Store:
-  return _Store(directory, 'state', lambda state: {'state': state, 'params': state.params},
+  return _Store(directory, LATEST_ITEM, lambda state: {'state': state, 'params': state.params},
                 keep, writable)
 
 
 def _best_store(directory: str, writable: bool = False) -> _Store:
-  return _Store(directory, 'params', lambda params: {'params': params}, 1, writable)
+  return _Store(directory, BEST_ITEM, lambda params: {'params': params}, 1, writable)
 
 
 def _params_only(abstract: Any) -> ocp.args.PyTreeRestore:
@@ -301,7 +309,7 @@ def _location(path: str) -> tuple[str, str, int | None]:
   path = os.path.abspath(path)
   if os.path.isdir(os.path.join(path, BEST_DIR)) or os.path.isdir(os.path.join(path, LATEST_DIR)):
     best = os.path.join(path, BEST_DIR)
-    if _best_store(best).latest_step() is not None:
+    if complete_steps(best, BEST_ITEM):
       return path, best, None
     return path, os.path.join(path, LATEST_DIR), None
   name = os.path.basename(path)

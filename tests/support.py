@@ -63,6 +63,11 @@ def assert_close(actual, expected, rtol: float, *, scale=None, err_msg: str = ''
                              err_msg=err_msg)
 
 
+def has_torch() -> bool:
+  """Whether torch is installed (the torch-reader tests run only then)."""
+  return importlib.util.find_spec('torch') is not None
+
+
 # ----------------------------------------------------------------------------- configs
 
 

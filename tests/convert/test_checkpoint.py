@@ -1,7 +1,6 @@
 """Our checkpoints are never trusted blindly: damaged, incomplete or non-finite ones are refused
 with a message naming their folder; incomplete steps are skipped (set aside when training)."""
 
-import importlib.util
 import logging
 import os
 import pathlib
@@ -127,7 +126,7 @@ def _save_state_dict(path: pathlib.Path, state_dict: dict[str, np.ndarray]) -> N
   """A torch-format state_dict of float32 tensors: by torch when it is installed (its reader
   wants torch's own records), else a zip of a protocol-2 pickle (a dict of rebuilt tensors)
   and one raw record per tensor."""
-  if importlib.util.find_spec('torch'):
+  if support.has_torch():
     import torch  # pylint: disable=g-import-not-at-top
     torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, path)
     return

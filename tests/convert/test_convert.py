@@ -2,7 +2,6 @@
 
 import argparse
 import collections
-import importlib.util
 import os
 import pickle
 import re
@@ -134,7 +133,7 @@ def _tensor_pickle(storage_type, location, numel, offset, size, stride):
 
 def _readers():
   """The torch-free reader, and torch's when it is installed."""
-  return (False, True) if importlib.util.find_spec('torch') else (False,)
+  return (False, True) if support.has_torch() else (False,)
 
 
 def test_a_view_declaring_more_elements_than_its_storage_is_refused(tmp_path):
@@ -296,15 +295,11 @@ def test_cli_import_and_export(tmp_path):
   for key, value in official.items():
     np.testing.assert_array_equal(exported[key], value, err_msg=key)
   # Exporting to a torch file without torch says so (instead of an ImportError).
-  if not _torch_is_installed():
+  if not support.has_torch():
     proc = subprocess.run([sys.executable, '-m', 'prvr_jax.convert', '--model=gmmformer',
                            f'--params={tmp_path}/p.msgpack', f'--out={tmp_path}/sd.pt'], env=env,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and 'needs torch installed; write an .npz' in proc.stderr
-
-
-def _torch_is_installed() -> bool:
-  return True in _readers()
 
 
 def test_mapping_errors_stay_short_for_hostile_state_dicts():
