@@ -635,7 +635,8 @@ def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
       raise ValueError('the synthetic benchmark needs a workdir to be generated into')
     from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
     path = synthetic.ensure(data.get('synthetic_size', 'default'),
-                            os.path.join(workdir, 'synthetic'), seed=data.get('synthetic_seed', 0))
+                            os.path.join(workdir, 'synthetic'), seed=data.get('synthetic_seed', 0),
+                            text_feature=data.get('text_feature', 'roberta'))
   elif not os.path.isdir(path):
     raise FileNotFoundError(f'config.data.dir={path} does not exist')
   elif not os.path.isfile(os.path.join(path, prepare.MANIFEST)):

@@ -12,12 +12,15 @@ concepts through a different projection `tanh(W_q ...)`, mixed with function wor
 word-level noise and a sentence context, with 1-6 queries per video and variable
 lengths (some over 30 tokens, to exercise truncation). True spans are recorded.
 
-  python -m prvr_jax.data.synthetic --out DIR --size default --format shards|mssl
+  python -m prvr_jax.data.synthetic --out DIR --size default --format shards|mssl \
+      [--text_feature roberta|clip]
 
 `--format mssl` writes the MS-SL release layout (collection `synthetic`, visual
 feature `synthetic`) plus `TextData/synthetic<split>.moments.txt`; `--format shards`
-writes the shard folder of `prvr_jax.data.prepare`. Everything is a function of
-(size, seed).
+writes the shard folder of `prvr_jax.data.prepare`. `--text_feature clip` writes AMDNet's
+CLIP layout instead: the same frames in one HDF5 file and one sentence vector per query (the
+mean of its token features), for models that read sentence vectors. Everything is a
+function of (size, seed, text feature).
 """
 
 import dataclasses
@@ -30,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.signal
 
+from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 
 _log = logging.getLogger(__name__)
@@ -233,13 +237,22 @@ def write_moments(path: str, moments: dict[str, tuple[float, float, float]],
       f.write(f'{cap_id} {start:.6g} {end:.6g} {duration:.6g}\n')
 
 
-def write_mssl(data: dict[str, SplitData], root: str) -> str:
-  """Writes the MS-SL release layout under `root`; returns the collection folder."""
+def sentence_vector(tokens: np.ndarray) -> np.ndarray:
+  """A query's sentence-level feature `[Dq]` in the CLIP layout: the mean of its tokens."""
+  return tokens.mean(axis=0, dtype=np.float32)
+
+
+def write_mssl(data: dict[str, SplitData], root: str, text_feature: str = 'roberta') -> str:
+  """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
+  vectors for `text_feature='clip'`); returns the collection folder."""
   videos = {v: x for split in data.values() for v, x in split.videos.items()}
   captions = {name: split.captions for name, split in data.items()}
   features = {c: x for split in data.values() for c, x in split.caption_features.items()}
+  if text_feature == 'clip':
+    features = {c: sentence_vector(x) for c, x in features.items()}
   collection_dir = release_lib.write_release(root, COLLECTION, videos, captions, features,
-                                             visual_feature=VISUAL_FEATURE)
+                                             visual_feature=VISUAL_FEATURE,
+                                             text_feature=text_feature)
   for name, split in data.items():
     write_moments(os.path.join(collection_dir, 'TextData', f'{COLLECTION}{name}.moments.txt'),
                   split.moments, [c for c, _ in split.captions])
@@ -255,19 +268,29 @@ def _spec(size: str | Spec) -> Spec:
   return SIZES[size]
 
 
-def _stamp(spec: Spec, seed: int) -> dict:
-  return {'generator_version': GENERATOR_VERSION, 'seed': seed, 'spec': dataclasses.asdict(spec)}
+def _stamp(spec: Spec, seed: int, text_feature: str) -> dict:
+  stamp = {'generator_version': GENERATOR_VERSION, 'seed': seed,
+           'spec': dataclasses.asdict(spec)}
+  return stamp if text_feature == 'roberta' else {**stamp, 'text_feature': text_feature}
 
 
-def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0) -> str:
-  """Generates the benchmark and writes its shard folder `out_dir`; returns it."""
+def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
+                 text_feature: str = 'roberta') -> str:
+  """Generates the benchmark and writes its shard folder `out_dir` (sentence vectors, one
+  query token, for `text_feature='clip'`); returns it."""
   from prvr_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  if text_feature not in release_lib.TEXT_FEATURES:
+    raise ValueError(f'config.data.text_feature must be one of {release_lib.TEXT_FEATURES}, '
+                     f'got {text_feature!r}')
+  clip = text_feature == 'clip'
   release_root = out_dir.rstrip('/') + '.release'
   shutil.rmtree(release_root, ignore_errors=True)
   try:
-    write_mssl(generate(spec, seed), release_root)
+    write_mssl(generate(spec, seed), release_root, text_feature)
     prepare.prepare_shards(release_root, out_dir, collection=COLLECTION,
-                           visual_feature=VISUAL_FEATURE, splits=_SPLITS,
+                           visual_feature=None if clip else VISUAL_FEATURE,
+                           text_feature=text_feature, splits=_SPLITS,
+                           max_query_len=1 if clip else preprocess.MAX_QUERY_LEN,
                            visual_dim=spec.visual_dim, query_dim=spec.query_dim,
                            num_shards=num_shards)
   finally:
@@ -275,24 +298,27 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0) -
   return out_dir
 
 
-def ensure(size: str | Spec, out_dir: str, seed: int = 0) -> str:
-  """The shard folder of the benchmark `(size, seed)` under `out_dir`, generated once.
+def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta') -> str:
+  """The shard folder of the benchmark `(size, seed, text_feature)` under `out_dir`, generated
+  once.
 
-  Returns `<out_dir>/<size>-seed<seed>` (a shard folder for `pipeline.open_shards`);
-  an existing folder made by the same generator version, spec and seed is reused.
+  Returns `<out_dir>/<size>-seed<seed>` (`-clip` appended for sentence vectors), a shard
+  folder for `pipeline.open_shards`; an existing folder made by the same generator version,
+  spec, seed and text feature is reused.
   """
   spec = _spec(size)
   name = size if isinstance(size, str) else 'custom'
-  shard_dir = os.path.join(out_dir, f'{name}-seed{seed}')
+  suffix = '' if text_feature == 'roberta' else f'-{text_feature}'
+  shard_dir = os.path.join(out_dir, f'{name}-seed{seed}{suffix}')
   stamp_path = os.path.join(shard_dir, 'synthetic.json')
-  stamp = _stamp(spec, seed)
+  stamp = _stamp(spec, seed, text_feature)
   if os.path.isfile(stamp_path):
     with open(stamp_path, encoding='utf-8') as f:
       if json.load(f) == json.loads(json.dumps(stamp)):
         return shard_dir
   shutil.rmtree(shard_dir, ignore_errors=True)
   _log.info('generating the %s synthetic benchmark (seed %d) into %s', name, seed, shard_dir)
-  write_shards(spec, shard_dir, seed)
+  write_shards(spec, shard_dir, seed, text_feature=text_feature)
   with open(stamp_path, 'w', encoding='utf-8') as f:
     json.dump(stamp, f, indent=1)
   return shard_dir
@@ -304,12 +330,13 @@ def _main(argv: Sequence[str]) -> None:
   fl = flags.FLAGS
   spec = _spec(fl.size)
   if fl.format == 'mssl':
-    path = write_mssl(generate(spec, fl.seed), fl.out)
-    print(f'wrote the MS-SL layout to {path} '
+    path = write_mssl(generate(spec, fl.seed), fl.out, fl.text_feature)
+    print(f'wrote the {fl.text_feature} release layout to {path} '
           f'(--config.data.dir={path} --config.data.collection={COLLECTION} '
-          f'--config.data.visual_feature={VISUAL_FEATURE})')
+          f'--config.data.visual_feature={VISUAL_FEATURE} '
+          f'--config.data.text_feature={fl.text_feature})')
   else:
-    write_shards(spec, fl.out, fl.seed)
+    write_shards(spec, fl.out, fl.seed, text_feature=fl.text_feature)
     print(f'wrote shards to {fl.out}')
 
 
@@ -319,5 +346,7 @@ if __name__ == '__main__':
   flags.DEFINE_enum('size', 'default', sorted(SIZES), 'benchmark size')
   flags.DEFINE_enum('format', 'shards', ['mssl', 'shards'], 'MS-SL release layout or shards')
   flags.DEFINE_integer('seed', 0, 'generator seed')
+  flags.DEFINE_enum('text_feature', 'roberta', list(release_lib.TEXT_FEATURES),
+                    'token features (MS-SL layout) or sentence vectors (CLIP layout)')
   logging.basicConfig(level=logging.INFO)
   app.run(_main)

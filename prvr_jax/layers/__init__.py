@@ -2,12 +2,15 @@
 
 from prvr_jax.layers.attention import AttentionBlockV1, AttentionBlockV2, MultiHeadAttention
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
-from prvr_jax.layers.encoders import QueryEncoder, VideoBranch
+from prvr_jax.layers.encoders import QueryEncoder, SequenceEncoder, VideoBranch
 from prvr_jax.layers.gmm_block import AGGREGATIONS, GMMBlock
+from prvr_jax.layers.multiscale import KeyClipGuidedAttention, exhaustive_clips
+from prvr_jax.layers.span_masks import SpanPredictor, span_masks
 from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_windows
 
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling', 'GMMBlock',
-    'InputProjection', 'MultiHeadAttention', 'PositionalEncoding', 'QueryEncoder', 'VideoBranch',
-    'WINDOW_KINDS', 'constraint_window', 'stacked_windows',
+    'InputProjection', 'KeyClipGuidedAttention', 'MultiHeadAttention', 'PositionalEncoding',
+    'QueryEncoder', 'SequenceEncoder', 'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
+    'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
 ]

@@ -1,7 +1,9 @@
 """Encoder stacks of the MS-SL lineage (MS-SL, GMMFormer, GMMFormer v2), built from the layers.
 
-* `QueryEncoder`: token features -> input projection -> positional encoding -> one attention
-  block -> attention pooling to one vector per query.
+* `SequenceEncoder`: features -> input projection -> positional encoding -> one attention
+  block (MS-SL's clip and frame branches).
+* `QueryEncoder`: a `SequenceEncoder` over the tokens, then attention pooling to one vector
+  per query.
 * `VideoBranch`: visual features -> input projection -> positional encoding -> GMMBlocks.
 """
 
@@ -13,16 +15,46 @@ from prvr_jax.layers.common import AttentionPooling, InputProjection, Positional
 from prvr_jax.layers.gmm_block import GMMBlock
 
 
-class QueryEncoder(nn.Module):
-  """`[Q, Lq, Dq], [Q, Lq] -> [Q, D]`.
+def _encode_sequence(encoder: 'SequenceEncoder | QueryEncoder', feats: jax.Array,
+                     mask: jax.Array | None, deterministic: bool) -> jax.Array:
+  """The layers both encoders share, created inside the caller's compact method (so their
+  parameters are `input_proj`, `pos_embed`, `encoder` of the caller)."""
+  x = InputProjection(encoder.hidden_dim, encoder.input_dropout, name='input_proj')(
+      feats, deterministic)
+  x = PositionalEncoding(encoder.max_len, encoder.input_dropout, name='pos_embed')(
+      x, deterministic)
+  return BLOCKS[encoder.block](encoder.num_heads, encoder.dropout, name='encoder')(
+      x, key_mask=mask, deterministic=deterministic)
+
+
+class SequenceEncoder(nn.Module):
+  """`[B, L, D_in], mask [B, L] or None -> [B, L, D]` (L <= max_len).
 
   Attributes:
     hidden_dim: D.
     num_heads: attention heads.
-    max_query_len: learned positions.
+    max_len: learned positions.
     block: 'v1' or 'v2' (`prvr_jax.layers.attention.BLOCKS`).
     dropout: dropout inside the block.
     input_dropout: dropout of the input projection and positional encoding.
+  """
+  hidden_dim: int
+  num_heads: int
+  max_len: int
+  block: str = 'v1'
+  dropout: float = 0.0
+  input_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    return _encode_sequence(self, feats, mask, deterministic)
+
+
+class QueryEncoder(nn.Module):
+  """`[Q, Lq, Dq], [Q, Lq] -> [Q, D]`: `SequenceEncoder`'s layers, then attention pooling.
+
+  Attributes are `SequenceEncoder`'s, with `max_query_len` the learned positions.
   """
   hidden_dim: int
   num_heads: int
@@ -31,15 +63,14 @@ class QueryEncoder(nn.Module):
   dropout: float = 0.0
   input_dropout: float = 0.0
 
+  @property
+  def max_len(self) -> int:
+    return self.max_query_len
+
   @nn.compact
   def __call__(self, query_feats: jax.Array, query_mask: jax.Array,
                deterministic: bool = True) -> jax.Array:
-    x = InputProjection(self.hidden_dim, self.input_dropout, name='input_proj')(
-        query_feats, deterministic)
-    x = PositionalEncoding(self.max_query_len, self.input_dropout, name='pos_embed')(
-        x, deterministic)
-    x = BLOCKS[self.block](self.num_heads, self.dropout, name='encoder')(
-        x, key_mask=query_mask, deterministic=deterministic)
+    x = _encode_sequence(self, query_feats, query_mask, deterministic)
     return AttentionPooling(name='pooling')(x, query_mask)
 
 

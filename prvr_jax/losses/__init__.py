@@ -1,20 +1,24 @@
 """Loss terms as pure functions on the batch contract, grouped by kind and shared by every model.
 
-* `contrastive` -- multi-positive InfoNCE (`clip_nce`).
-* `ranking` -- the bidirectional triplet loss with random / hard negatives.
+* `contrastive` -- multi-positive InfoNCE (`clip_nce`) and its paired form (`paired_nce`).
+* `ranking` -- the bidirectional triplet loss with random / hard negatives (`triplet_loss`,
+  `paired_triplet_loss`).
 * `query_diversity` -- GMMFormer's query diverse losses (v1, focal v2).
 * `matching` -- GMMFormer v2's optimal matching loss and the Hungarian host callback.
+* `moments` -- AMDNet's moment diversity and moment relevance.
 * `masking` -- the masked reductions they are written with.
 
-Reconstruction terms and regularisers join as their models do (ProtoPRVR, AMDNet). A model's
+Reconstruction terms and regularisers join as their models do (ProtoPRVR). A model's
 objective (`prvr_jax/models/<name>/objective.py`) weights and sums these terms.
 """
 
-from prvr_jax.losses.contrastive import clip_nce
+from prvr_jax.losses.contrastive import clip_nce, paired_nce
 from prvr_jax.losses.matching import hungarian_assignment, optimal_matching_loss
+from prvr_jax.losses.moments import moment_diversity_loss, moment_relevance_loss
 from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse_loss_v2
-from prvr_jax.losses.ranking import triplet_loss, triplet_negatives
+from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_negatives
 
-__all__ = ['clip_nce', 'hungarian_assignment', 'optimal_matching_loss',
-           'query_diverse_loss_v1', 'query_diverse_loss_v2', 'triplet_loss',
-           'triplet_negatives']
+__all__ = ['clip_nce', 'hungarian_assignment', 'moment_diversity_loss',
+           'moment_relevance_loss', 'optimal_matching_loss', 'paired_nce',
+           'paired_triplet_loss', 'query_diverse_loss_v1', 'query_diverse_loss_v2',
+           'triplet_loss', 'triplet_negatives']

@@ -1,4 +1,4 @@
-"""Contrastive retrieval terms: multi-positive InfoNCE over a query-video score matrix."""
+"""Contrastive retrieval terms: InfoNCE over a query-video or a paired score matrix."""
 
 import jax
 import jax.numpy as jnp
@@ -36,3 +36,20 @@ def clip_nce(scores: jax.Array, query_video: jax.Array, query_valid: jax.Array,
   v2t_num = masked_logsumexp(scores, pos, axis=0)
   v2t = masked_mean(v2t_den - v2t_num, has_pos)
   return t2v + v2t
+
+
+def paired_nce(scores: jax.Array, valid: jax.Array) -> jax.Array:
+  """InfoNCE of the official `frame_nce` (MS-SL's frame branch), positives on the diagonal:
+  mean over valid i of LSE(row i and column i) - S[i, i], the row and the column taken over
+  valid entries (S[i, i] enters the LSE twice, as coded).
+
+  Args:
+    scores: [N, N] raw scores, `scores[i, j]` = query i with the item built for query j.
+    valid: [N] bool.
+  Returns:
+    Scalar loss.
+  """
+  scores = upcast(scores)
+  both = jnp.concatenate([scores, scores.T], axis=1)
+  denominator = masked_logsumexp(both, jnp.tile(valid, 2)[None, :], axis=1)
+  return masked_mean(denominator - jnp.diagonal(scores), valid)

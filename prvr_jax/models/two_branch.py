@@ -1,10 +1,11 @@
-"""What the clip-and-frame models of the MS-SL lineage share (GMMFormer, GMMFormer v2).
+"""What the clip-and-frame models of the MS-SL lineage share (MS-SL, GMMFormer, GMMFormer v2).
 
 * `TwoBranchModel`: a query vector scored against a clip branch (max over clips) and a frame
   branch, fused `clip_score_weight * S_c + frame_score_weight * S_f`; the query branch; the
   training forward with the in-batch matrices the losses use.
 * `make_objective`: InfoNCE (raw dot products) + triplet (cosines) on both branches, plus the
-  model's own terms.
+  model's own terms; `diversity_and_matching`, GMMFormer v2's L_div and L_om, which any model
+  with a second query encoding and clip features can add.
 * `spec`: their registry entry, with the official BertAdam weight-decay groups as
   parameter-path rules and the GMM blocks' stacked branches.
 """
@@ -93,7 +94,24 @@ def batch_masks(batch: Batch) -> dict[str, jax.Array]:
 ExtraTerms = Callable[[Mapping[str, jax.Array], Batch, Any], dict[str, jax.Array]]
 
 
-def make_objective(extra_terms: ExtraTerms) -> Objective:
+def diversity_and_matching(outputs: Mapping[str, jax.Array], batch: Batch,
+                           cfg: Any) -> dict[str, jax.Array]:
+  """GMMFormer v2's query-side terms of `config.loss`, each present when its weight is not 0:
+  'qdl' = qdl * focal QDL v2 (qdl_delta, qdl_alpha, qdl_gamma) and 'om' = om * optimal
+  matching, both of the second query encoding `outputs['queries_aux']` (OM against
+  `outputs['clips']`)."""
+  terms = {}
+  if cfg.get('qdl', 0):
+    terms['qdl'] = cfg.qdl * losses.query_diverse_loss_v2(
+        outputs['queries_aux'], batch['query_video'], batch['query_valid'],
+        delta=cfg.qdl_delta, alpha=cfg.qdl_alpha, gamma=cfg.qdl_gamma)
+  if cfg.get('om', 0):
+    terms['om'] = cfg.om * losses.optimal_matching_loss(
+        outputs['queries_aux'], outputs['clips'], **batch_masks(batch))
+  return terms
+
+
+def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Objective:
   """The objective: the training forward (dropout from `rngs['dropout']`), then
 
     clip_nce * NCE(clip logits) + Triplet(clip cosines)
@@ -102,6 +120,8 @@ def make_objective(extra_terms: ExtraTerms) -> Objective:
   with the triplet negatives from `rngs['negatives']` and hard negatives from
   `config.loss.hard_negative_start_epoch` on (compared with the traced `ctx.epoch`).
   `extra_terms(outputs, batch, config.loss)` returns the model's other weighted terms.
+  `paired_frames`: the frame matrices are `[Q, Q]` (query i against the frame feature built
+  for query j, MS-SL) and use `paired_nce` / `paired_triplet_loss`.
   Returns (sum of the terms, the terms).
   """
   def objective(model: nn.Module, params: Params, batch: Batch, rngs: Mapping[str, jax.Array],
@@ -117,11 +137,18 @@ def make_objective(extra_terms: ExtraTerms) -> Objective:
         'clip_nce': cfg.clip_nce * losses.clip_nce(outputs['clip_logits'], **masks),
         'clip_triplet': losses.triplet_loss(outputs['clip_scores'], **masks, key=clip_key,
                                             **triplet),
-        'frame_nce': cfg.frame_nce * losses.clip_nce(outputs['frame_logits'], **masks),
-        'frame_triplet': losses.triplet_loss(outputs['frame_scores'], **masks, key=frame_key,
-                                             **triplet),
         **extra_terms(outputs, batch, cfg),
     }
+    if paired_frames:
+      valid = batch['query_valid']
+      terms['frame_nce'] = cfg.frame_nce * losses.paired_nce(outputs['frame_logits'], valid)
+      terms['frame_triplet'] = losses.paired_triplet_loss(
+          outputs['frame_scores'], valid, margin=cfg.margin, key=frame_key,
+          use_hard_negative=triplet['use_hard_negative'], hard_pool_size=cfg.hard_pool_size)
+    else:
+      terms['frame_nce'] = cfg.frame_nce * losses.clip_nce(outputs['frame_logits'], **masks)
+      terms['frame_triplet'] = losses.triplet_loss(outputs['frame_scores'], **masks,
+                                                   key=frame_key, **triplet)
     return jnp.sum(jnp.stack(list(terms.values()))), terms
   return objective
 

@@ -1,0 +1,95 @@
+"""AMDNet (Song et al., "Active Moment Discovering", 2025) as coded in the official
+implementation.
+
+Query: one sentence vector (CLIP) -> projection (LayerNorm, Linear, ReLU) -> q.
+Video: the 32 clip features -> projection -> positional encoding -> X. From the mean of X,
+`SpanPredictor` gives K (center, width) spans and their masks M `[K, 32]`; moments
+V^m = M X. o0 = attention(X); o1 = attention(o0) with head h's logits multiplied by M_h
+(masked multi-moment attention, so K must equal the number of heads); V^g = (o0 + o1) / 2.
+Score: max_t cos(q, V^g_t). The official forward never reads the frame features or the video
+mask: only `clip_feats` is a video input.
+"""
+
+from collections.abc import Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from prvr_jax.layers import AttentionBlockV1, InputProjection, PositionalEncoding, SpanPredictor
+from prvr_jax.models.spec import Batch
+from prvr_jax.ops import max_similarity
+
+
+class AMDNet(nn.Module):
+  """Attributes mirror `config.model` (see configs/amdnet.py).
+
+  Attributes:
+    hidden_dim: d.
+    num_heads: attention heads; must equal num_spans.
+    num_spans: K moments per video.
+    num_clips: clip features per video (the span grid).
+    max_frames: learned positions (the official `max_ctx_l`; the first num_clips are used).
+    max_query_len: must be 1 (one sentence vector per query).
+    dropout: attention dropout; input_dropout: projection / positional-encoding dropout.
+  """
+  hidden_dim: int = 384
+  num_heads: int = 4
+  num_spans: int = 4
+  num_clips: int = 32
+  max_frames: int = 128
+  max_query_len: int = 1
+  dropout: float = 0.2
+  input_dropout: float = 0.2
+
+  def setup(self):
+    if self.num_spans != self.num_heads:
+      raise ValueError(
+          f'AMDNet multiplies head h of the moment attention by span mask h, so '
+          f'config.model.num_spans ({self.num_spans}) must equal config.model.num_heads '
+          f'({self.num_heads})')
+    if self.max_query_len != 1:
+      raise ValueError(f'AMDNet reads one sentence vector per query: config.model.max_query_len '
+                       f'must be 1 (got {self.max_query_len}; use data.text_feature=clip)')
+    self.query_proj = InputProjection(self.hidden_dim, self.input_dropout)
+    self.clip_proj = InputProjection(self.hidden_dim, self.input_dropout)
+    self.pos_embed = PositionalEncoding(self.max_frames, self.input_dropout)
+    self.spans = SpanPredictor(self.num_spans)
+    self.attention = AttentionBlockV1(self.num_heads, self.dropout)
+    self.moment_attention = AttentionBlockV1(self.num_heads, self.dropout)
+
+  def _encode(self, clip_feats: jax.Array, deterministic: bool) -> dict[str, jax.Array]:
+    x = self.pos_embed(self.clip_proj(clip_feats, deterministic), deterministic)
+    summaries, spans, masks = self.spans(x)
+    first = self.attention(x, deterministic=deterministic)
+    second = self.moment_attention(first, window=masks[:, :, None, :],
+                                   deterministic=deterministic)
+    return {'clips': (first + second) / 2, 'summaries': summaries, 'spans': spans,
+            'masks': masks, 'moments': jnp.einsum('bkl,bld->bkd', masks, x)}
+
+  def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+    """`clip_feats [B, Lc, Dv]` -> {'clips': moment-enhanced clips `[B, Lc, D]`}."""
+    return {'clips': self._encode(videos['clip_feats'], deterministic)['clips']}
+
+  def encode_queries(self, queries: Batch, deterministic: bool = True) -> jax.Array:
+    """`query_feats [Q, 1, Dq]` (a sentence vector each) -> `[Q, D]`."""
+    feats = queries['query_feats']
+    if feats.shape[1] != 1:
+      raise ValueError(f'AMDNet takes one sentence vector per query; got query_feats of shape '
+                       f'{feats.shape} (config.model.max_query_len must be 1)')
+    return self.query_proj(feats[:, 0], deterministic)
+
+  def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
+    """`[Q, B]` = max over clips of the cosine."""
+    return max_similarity(queries, videos['clips'], cosine=True)
+
+  def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+    """The training forward: `scores` (cosines) and `clip_logits` (raw dots) `[Q, B]`, the
+    spans, masks, moments and summaries of the videos, the query encodings."""
+    videos = self._encode(batch['clip_feats'], deterministic)
+    queries = self.encode_queries(batch, deterministic)
+    # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
+    queries_aux = self.encode_queries(batch, deterministic)
+    return {'scores': self.score(queries, videos),
+            'clip_logits': max_similarity(queries, videos['clips'], cosine=False),
+            'queries': queries, 'queries_aux': queries_aux, **videos}

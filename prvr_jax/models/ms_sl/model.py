@@ -1,0 +1,95 @@
+"""MS-SL (Dong et al., ACM MM 2022) as coded in the official implementation.
+
+Query branch: as GMMFormer v1 (projection -> positional encoding -> attention block ->
+attention pooling). Clip branch: projection -> positional encoding -> one attention block over
+the 32 clips -> every average pool of length 1..32 (528 multi-scale clips). Frame branch:
+projection -> positional encoding -> one masked attention block over the frames (not pooled).
+
+Scores: S_c = max over the multi-scale clips of the cosine; S_f = cosine of the query with the
+key-clip guided attention (KCGA) over the video's frames, keyed by the query's best clip of
+that video. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
+frame matrix is `[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
+"""
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from prvr_jax.layers import KeyClipGuidedAttention, QueryEncoder, SequenceEncoder
+from prvr_jax.layers import exhaustive_clips
+from prvr_jax.layers.multiscale import key_clip_attention
+from prvr_jax.models.spec import Batch
+from prvr_jax.models.two_branch import TwoBranchModel
+from prvr_jax.ops import l2_normalize
+
+
+class MSSL(TwoBranchModel):
+  """Attributes mirror `config.model` (see configs/ms_sl.py); the shared ones are
+  `TwoBranchModel`'s.
+
+  Attributes:
+    score_query_chunk: queries scored together by `score` (the KCGA of every pair of a chunk
+      is materialised: about chunk * B * (P + L + 2 D) floats, docs/design.md).
+  """
+  score_query_chunk: int = 8
+
+  def setup(self):
+    encoder = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, block='v1',
+                   dropout=self.dropout, input_dropout=self.input_dropout)
+    self.query = QueryEncoder(max_query_len=self.max_query_len, **encoder)
+    self.clip = SequenceEncoder(max_len=self.max_frames, **encoder)
+    self.frame = SequenceEncoder(max_len=self.max_frames, **encoder)
+    self.key_clip_attention = KeyClipGuidedAttention(self.hidden_dim)
+
+  def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+    """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->
+    {'clips': the multi-scale clips `[B, Lc (Lc + 1) / 2, D]`, 'frames': `[B, Lf, D]`,
+    'frame_mask': `[B, Lf]`}."""
+    clips = self.clip(videos['clip_feats'], None, deterministic)
+    frames = self.frame(videos['frame_feats'], videos['frame_mask'], deterministic)
+    return {'clips': exhaustive_clips(clips), 'frames': frames,
+            'frame_mask': videos['frame_mask']}
+
+  def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
+    """`[Q, B]` fused scores, `score_query_chunk` queries at a time."""
+    clips = l2_normalize(videos['clips'])
+    key_kernel = self.key_clip_attention.key_kernel
+    value_kernel = self.key_clip_attention.value_kernel
+
+    def chunk(q):  # [D] (batched to [chunk, D] by lax.map)
+      cosines = jnp.einsum('d,bpd->bp', l2_normalize(q), clips)
+      best = jnp.argmax(cosines, axis=-1)
+      keys = jnp.take_along_axis(videos['clips'], best[:, None, None], axis=1)[:, 0]
+      attended = key_clip_attention(keys[None], videos['frames'], videos['frame_mask'],
+                                    key_kernel, value_kernel)[0]
+      frame_scores = l2_normalize(attended) @ l2_normalize(q)
+      return self._fuse(jnp.max(cosines, axis=-1), frame_scores)
+
+    return jax.lax.map(chunk, queries, batch_size=min(self.score_query_chunk,
+                                                      queries.shape[0]))
+
+  def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+    """The training forward: clip matrices `[Q, B]`, frame matrices `[Q, Q]` (raw dots for
+    InfoNCE, cosines for the triplets), the fused eval `scores` `[Q, B]` and the embeddings
+    the plug-in terms need."""
+    videos = self.encode_videos(batch, deterministic)
+    queries = self.encode_queries(batch, deterministic)
+    # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
+    queries_aux = self.encode_queries(batch, deterministic)
+    clips, own = videos['clips'], batch['query_video']
+    cosines = jnp.einsum('qd,bpd->qbp', l2_normalize(queries), l2_normalize(clips))
+    best = jnp.argmax(jnp.take_along_axis(cosines, own[:, None, None], axis=1)[:, 0], axis=-1)
+    keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
+    attended = self.key_clip_attention(keys[None], videos['frames'][own],
+                                       videos['frame_mask'][own])[0]
+    return {
+        'scores': self.score(queries, videos),
+        'clip_scores': jnp.max(cosines, axis=-1),
+        'clip_logits': jnp.max(jnp.einsum('qd,bpd->qbp', queries, clips), axis=-1),
+        'frame_scores': l2_normalize(queries) @ l2_normalize(attended).T,
+        'frame_logits': queries @ attended.T,
+        'queries': queries,
+        'queries_aux': queries_aux,
+        'clips': clips,
+    }
