@@ -1,12 +1,13 @@
 r"""Official PyTorch checkpoints <-> prvr_jax parameters, for every model with an official format.
 
-Reading: `load_torch_checkpoint` accepts the official `best.ckpt` (a dict with `state_dict`,
-written by the official `save_ckpt`) or a bare state_dict file. With torch installed it uses
-`torch.load(..., weights_only=True)`; without torch a restricted reader of the torch zip format
-builds numpy arrays from the storage records. Neither executes code from the file: the only
-globals admitted are the tensor-rebuild functions, storage types and `OrderedDict`, plus the
-official BertAdam schedule classes (stored in `optimizer.param_groups`), which are replaced by
-an inert placeholder.
+Reading: `load_torch_checkpoint` accepts the official checkpoints (GMMFormer's and AMDNet's
+`best.ckpt`, a dict with `state_dict` written by their `save_ckpt`; MS-SL's
+`model.ckpt`, a dict with `model` and its EasyDict `model_cfg`) or a bare state_dict file.
+With torch installed it uses `torch.load(..., weights_only=True)`; without torch a restricted
+reader of the torch zip format builds numpy arrays from the storage records. Neither executes
+code from the file: the only globals admitted are the tensor-rebuild functions, storage types
+and `OrderedDict`, plus the official BertAdam schedule classes (in `optimizer.param_groups`)
+and MS-SL's `easydict.EasyDict` config, which are replaced by inert placeholders.
 
 Mapping (`torch_to_params` / `params_to_torch`): each model declares its name map
 (`ModelSpec.official`, built from `prvr_jax.models.torch_names`): Dense kernels are torch
@@ -51,6 +52,8 @@ _OFFICIAL_SCHEDULES = ('ConstantLR', 'WarmupCosineSchedule', 'WarmupCosineWithHa
                        'WarmupCosineWithWarmupRestartsSchedule', 'WarmupConstantSchedule',
                        'WarmupLinearSchedule')
 _OFFICIAL_SCHEDULE_MODULE = 'Opts.optimization'
+# MS-SL's checkpoint stores its config as an EasyDict (a dict subclass).
+_OFFICIAL_CONFIG_CLASS = ('easydict', 'EasyDict')
 
 
 class OfficialObject:
@@ -66,6 +69,15 @@ class OfficialObject:
   def __setstate__(self, state):
     if isinstance(state, dict):
       self.__dict__.update(state)
+
+
+# Inert stand-ins: the schedules become `OfficialObject`s, MS-SL's EasyDict an `OrderedDict`
+# (the one dict type whose items and attribute state both readers, ours and torch's
+# weights-only unpickler, restore without running code).
+_OFFICIAL_GLOBALS = {
+    **{(_OFFICIAL_SCHEDULE_MODULE, name): OfficialObject for name in _OFFICIAL_SCHEDULES},
+    _OFFICIAL_CONFIG_CLASS: collections.OrderedDict,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +136,7 @@ _TORCH_GLOBALS = {
     ('torch._utils', '_rebuild_tensor_v2'): _rebuild_tensor,
     ('torch._utils', '_rebuild_parameter'): _rebuild_parameter,
     **{('torch', name): _StorageType(name) for name in _STORAGE_DTYPES},
-    **{(_OFFICIAL_SCHEDULE_MODULE, name): OfficialObject for name in _OFFICIAL_SCHEDULES},
+    **_OFFICIAL_GLOBALS,
 }
 
 
@@ -224,13 +236,12 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
 
 
 def _torch_load(path: str) -> Any:
-  """`torch.load(weights_only=True)` that also admits the official schedule classes as inert
-  placeholders; tensors become numpy. The file first passes `read_torch_zip`'s checks, so
-  torch never reads a record larger than declared or builds a tensor beyond its storage."""
+  """`torch.load(weights_only=True)` that also admits the official schedule and config classes
+  as inert placeholders; tensors become numpy. The file first passes `read_torch_zip`'s checks,
+  so torch never reads a record larger than declared or builds a tensor beyond its storage."""
   import torch  # pylint: disable=g-import-not-at-top
   read_torch_zip(path, materialize=False)
-  placeholders = [(OfficialObject, f'{_OFFICIAL_SCHEDULE_MODULE}.{name}')
-                  for name in _OFFICIAL_SCHEDULES]
+  placeholders = [(cls, f'{module}.{name}') for (module, name), cls in _OFFICIAL_GLOBALS.items()]
   with torch.serialization.safe_globals(placeholders):
     obj = torch.load(path, map_location='cpu', weights_only=True)
 
@@ -254,11 +265,16 @@ def _torch_available() -> bool:
   return hasattr(torch.serialization, 'safe_globals')
 
 
+# Where the official checkpoints keep the state_dict: GMMFormer / AMDNet `save_ckpt`, MS-SL.
+_STATE_DICT_ENTRIES = ('state_dict', 'model')
+
+
 def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str, np.ndarray]:
   """The state_dict (torch names -> numpy arrays) of an official checkpoint or state_dict file.
 
   Args:
-    path: the official `best.ckpt` (a dict with 'state_dict') or a `torch.save`d state_dict.
+    path: an official checkpoint (a dict with the state_dict under 'state_dict' or 'model')
+      or a `torch.save`d state_dict.
     use_torch: read with torch (True), with the torch-free reader (False), or torch when it
       is importable (None).
   """
@@ -267,10 +283,13 @@ def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str,
   if use_torch is None:
     use_torch = _torch_available()
   obj = _torch_load(path) if use_torch else read_torch_zip(path)
-  if isinstance(obj, dict) and 'state_dict' in obj:
-    obj = obj['state_dict']
+  for entry in _STATE_DICT_ENTRIES:
+    if isinstance(obj, dict) and isinstance(obj.get(entry), dict):
+      obj = obj[entry]
+      break
   if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
-    raise ValueError(f'{path} holds neither a state_dict nor a dict with a "state_dict" entry')
+    raise ValueError(f'{path} holds neither a state_dict nor a dict with one under '
+                     f'{" or ".join(repr(e) for e in _STATE_DICT_ENTRIES)}')
   return {str(k): v for k, v in obj.items()}
 
 

@@ -301,7 +301,7 @@ class CaptionFeatures(H5Features):
 
 
 class ClipQueryFeatures(H5Features):
-  """AMDNet CLIP sentence features: cap_id -> `[Dq]`."""
+  """AMDNet CLIP sentence features: cap_id -> `[Dq]` (or `[1, Dq]`)."""
   kind = 'caption id'
 
 
@@ -615,7 +615,7 @@ class ReleaseSplit:
     x = rel.queries.read(cap_id)
     if x.ndim == 1 and rel.is_clip:
       x = x[None]
-    if x.ndim != 2 or x.shape[0] == 0:
+    if x.ndim != 2 or x.shape[0] == 0 or (rel.is_clip and x.shape[0] != 1):
       raise DataError(f'caption {short(cap_id)} has no token features (shape {x.shape}) in {rel.queries.path}')
     x = preprocess.truncate_tokens(x, rel.max_query_len)
     if not np.isfinite(x).all():
@@ -665,6 +665,9 @@ class ReleaseSplit:
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
       return f'caption {short(cap_id)} has no token features (shape {shape}) in {path}'
+    if rel.is_clip and len(shape) == 2 and shape[0] != 1:
+      return (f'caption {short(cap_id)} has features of shape {shape} in {path}: the CLIP '
+              'layout holds one sentence vector per caption ([Dq] or [1, Dq])')
     if math.prod(shape) > MAX_FEATURE_ELEMENTS:
       return _too_large('caption', cap_id, shape, path)
     dim = shape[-1]

@@ -395,6 +395,61 @@ def test_clip_layout(tmp_path):
     release.Release(root, None, None, 'clip').split('val')
 
 
+@pytest.fixture
+def clip_release(tmp_path):
+  """A small CLIP-layout (AMDNet) collection 'act'; returns (root, video file, query file)."""
+  videos, cap_feats = _data(text_feature='clip')
+  root = release.write_release(str(tmp_path), 'act', videos, CAPTIONS, cap_feats,
+                               text_feature='clip')
+  return (str(tmp_path), os.path.join(root, 'FeatureData', 'new_clip_vit_32_act_vid_features.hdf5'),
+          os.path.join(root, 'TextData', 'clip_ViT_B_32_act_query_feat.hdf5'))
+
+
+def _split_clip(root, name, **kw):
+  """Opens the CLIP release, reads split `name` and closes the files (they are edited next)."""
+  with release.Release(root, 'act', None, 'clip', **kw) as rel:
+    return rel.split(name)
+
+
+def test_clip_layout_bad_input_names_file_and_id(clip_release):
+  """The CLIP reader has the MS-SL reader's guarantees: a missing video, a query id without a
+  feature, wrong dims (frames or sentence vectors) and NaN rows each name the file and id."""
+  root, video_file, query_file = clip_release
+  with h5py.File(query_file, 'a') as f:
+    del f['v1#enc#0']
+  with pytest.raises(DataError, match=rf"caption id 'v1#enc#0' is not in {query_file}"):
+    _split_clip(root, 'train')
+  with h5py.File(query_file, 'a') as f:
+    f['v1#enc#0'] = np.ones((DQ + 1,), np.float32)  # a sentence vector of the wrong width
+  with pytest.raises(DataError, match=rf"caption 'v1#enc#0' has feature dim {DQ + 1} in "
+                     rf'{query_file} but config.model.query_dim is {DQ}'):
+    _split_clip(root, 'train', query_dim=DQ)
+  with h5py.File(query_file, 'a') as f:
+    del f['v1#enc#0']
+    f['v1#enc#0'] = np.ones((3, DQ), np.float32)  # a token sequence, not a sentence vector
+  with pytest.raises(DataError, match=rf"caption 'v1#enc#0' has features of shape \(3, {DQ}\) "
+                     rf'in {query_file}: the CLIP layout holds one sentence vector'):
+    _split_clip(root, 'train', query_dim=DQ)
+  with h5py.File(query_file, 'a') as f:
+    del f['v1#enc#0']
+    f['v1#enc#0'] = np.ones((DQ,), np.float32)
+    f['v3#enc#1'][2] = np.nan
+  with h5py.File(video_file, 'a') as f:
+    f['v2'][5, 1] = np.inf
+  with release.Release(root, 'act', None, 'clip') as rel:
+    split = rel.split('train')  # metadata checks pass; values are checked on read
+    with pytest.raises(DataError, match=rf"video 'v2': NaN/Inf .*{video_file}"):
+      split.video_features('v2')
+    with pytest.raises(DataError, match=rf"caption 'v3#enc#1': NaN/Inf .*{query_file}"):
+      split.caption_features('v3#enc#1')
+  with pytest.raises(DataError, match="(?s)2 bad item.*'v2'.*'v3#enc#1'"):
+    _split_clip(root, 'train', check_values=True)
+  with h5py.File(video_file, 'a') as f:
+    del f['v3']
+  with pytest.raises(DataError, match=rf"video 'v3' is not in {video_file}"):
+    _split_clip(root, 'val')
+
+
 def test_constructor_argument_errors(tvr):
   root, _, _ = tvr
   with pytest.raises(ValueError, match='text_feature'):

@@ -1,0 +1,89 @@
+"""MS-SL's exhaustive clips and key-clip guided attention, AMDNet's span masks: against
+loop-based numpy references written from the official code."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import support
+from prvr_jax import layers
+from prvr_jax.layers import multiscale
+
+
+def test_exhaustive_clips_are_every_average_pool_in_official_order():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 32, 8)).astype(np.float32)
+  got = np.asarray(jax.jit(layers.exhaustive_clips)(x))
+  # Official: Identity, then AvgPool1d(k, stride 1) for k = 2..32, concatenated along time.
+  expected = np.concatenate(
+      [np.stack([x[:, s:s + k].astype(np.float64).mean(1) for s in range(32 - k + 1)], 1)
+       for k in range(1, 33)], axis=1)
+  assert got.shape == (3, 528, 8) == expected.shape
+  support.assert_close(got, expected, support.f32_rtol(32))
+  # The index formula of the reference notes: p = (k-1) * 33 - (k-1) k / 2 + s.
+  for k, s in ((1, 0), (2, 5), (17, 3), (32, 0)):
+    p = (k - 1) * 33 - (k - 1) * k // 2 + s
+    assert multiscale.proposal_span(p, 32) == (s, s + k)
+    support.assert_close(got[:, p], expected[:, p], support.f32_rtol(32))
+
+
+def test_key_clip_guided_attention_equals_the_unfolded_official_form():
+  """Folding W_k onto the key and W_v after the pooling is the same function as projecting
+  every frame first (official), padded frames excluded."""
+  rng = np.random.default_rng(1)
+  q, b, l, d = 3, 4, 10, 16
+  keys = rng.normal(size=(q, b, d)).astype(np.float32)
+  frames = rng.normal(size=(b, l, d)).astype(np.float32)
+  lengths = np.array([10, 7, 1, 4])
+  mask = (np.arange(l)[None] < lengths[:, None]).astype(np.float32)
+  frames[mask == 0] = 1e3  # padding must not leak
+  module = layers.KeyClipGuidedAttention(d)
+  params = module.init(jax.random.key(0), keys, frames, mask)
+  got = np.asarray(jax.jit(module.apply)(params, keys, frames, mask))
+  wk = np.asarray(params['params']['key'], np.float64)
+  wv = np.asarray(params['params']['value'], np.float64)
+  expected = np.zeros((q, b, d))
+  for i in range(q):
+    for v in range(b):
+      f = frames[v, :lengths[v]].astype(np.float64)
+      logits = (f @ wk) @ keys[i, v]
+      a = np.exp(logits - logits.max())
+      expected[i, v] = (a / a.sum()) @ (f @ wv)
+  support.assert_close(got, expected, support.f32_rtol(d, ops=3))
+
+
+def ref_span_masks(centers, widths, length):
+  """Official generate_v_gauss_weight, the 1/(width sqrt(2 pi)) factor included."""
+  pos = np.linspace(0, 1, length)
+  w = np.maximum(widths, 1e-2)[..., None] / 9
+  weight = 0.3989422804014327 / w * np.exp(-(pos - centers[..., None]) ** 2 / (2 * w ** 2))
+  return weight / weight.max(-1, keepdims=True)
+
+
+def test_span_masks_match_the_official_formula():
+  rng = np.random.default_rng(2)
+  centers = rng.uniform(size=(5, 4)).astype(np.float32)
+  widths = np.concatenate([rng.uniform(size=(5, 3)), np.full((5, 1), 0.001)], 1)
+  widths = widths.astype(np.float32)  # the last width is clamped to 0.01
+  got = np.asarray(jax.jit(layers.span_masks, static_argnums=2)(centers, widths, 32))
+  support.assert_close(got, ref_span_masks(centers.astype(np.float64), widths, 32),
+                       support.f32_rtol(32, ops=2))
+  assert np.allclose(got.max(-1), 1.0)
+
+
+def test_span_predictor_shapes_and_spans_in_unit_square():
+  x = np.random.default_rng(3).normal(size=(2, 32, 16)).astype(np.float32)
+  module = layers.SpanPredictor(num_spans=4)
+  params = module.init(jax.random.key(0), x)
+  summary, spans, masks = module.apply(params, x)
+  assert summary.shape == (2, 16) and spans.shape == (2, 4, 2) and masks.shape == (2, 4, 32)
+  assert np.all((np.asarray(spans) > 0) & (np.asarray(spans) < 1))
+  support.assert_close(masks, layers.span_masks(spans[..., 0], spans[..., 1], 32),
+                       support.f32_rtol(1))
+
+
+@pytest.mark.parametrize('num_clips', [1, 4])
+def test_exhaustive_clips_small(num_clips):
+  x = jnp.arange(num_clips * 2, dtype=jnp.float32).reshape(1, num_clips, 2)
+  assert layers.exhaustive_clips(x).shape == (1, multiscale.num_proposals(num_clips), 2)
