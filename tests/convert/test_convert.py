@@ -20,7 +20,7 @@ import support
 from prvr_jax import convert, models
 
 FIXTURES = support.OFFICIAL
-NAMES = ('gmmformer', 'gmmformer_v2')
+NAMES = ('gmmformer', 'gmmformer_v2', 'ms_sl', 'amdnet')
 REPO = support.REPO
 
 
@@ -30,8 +30,17 @@ def _ckpt(name):
 
 def _config(name):
   return ml_collections.ConfigDict(dict(name=name, visual_dim=48, query_dim=40, hidden_dim=32,
-                                        num_heads=4, max_query_len=30, max_frames=128,
-                                        num_clips=32))
+                                        num_heads=4, max_query_len=1 if name == 'amdnet' else 30,
+                                        max_frames=128, num_clips=32))
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_config_inferred_from_the_official_checkpoint(name):
+  inferred = convert.infer_model_config(
+      convert.load_torch_checkpoint(_ckpt(name), use_torch=False), name)
+  assert {k: inferred[k] for k in _config(name)} == _config(name).to_dict()
+  if name == 'amdnet':
+    assert inferred.num_spans == 4
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -57,6 +66,22 @@ def test_torch_free_reader_reads_the_whole_official_checkpoint():
   assert ckpt['config']['model_name'] == 'gmmformer_v2' and ckpt['epoch'] == 0
   schedule = ckpt['optimizer']['param_groups'][0]['schedule']
   assert isinstance(schedule, convert.OfficialObject) and schedule.warmup == 0.01
+
+
+@pytest.mark.parametrize('use_torch', [False, True])
+def test_ms_sl_checkpoint_config_is_read_as_plain_data(use_torch):
+  """MS-SL's checkpoint pickles its config as an `easydict.EasyDict`: both readers restore
+  it as an inert OrderedDict (no easydict import, no code run) and find the state_dict under
+  'model'."""
+  if use_torch:
+    pytest.importorskip('torch')
+    ckpt = convert._torch_load(_ckpt('ms_sl'))  # pylint: disable=protected-access
+  else:
+    ckpt = convert.read_torch_zip(_ckpt('ms_sl'))
+  assert set(ckpt) == {'model', 'model_cfg', 'epoch'}
+  assert type(ckpt['model_cfg']) is collections.OrderedDict  # pylint: disable=unidiomatic-typecheck
+  assert ckpt['model_cfg']['hidden_size'] == 32 and ckpt['model_cfg']['n_heads'] == 4
+  assert len(convert.load_torch_checkpoint(_ckpt('ms_sl'), use_torch=use_torch)) == 54
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -225,6 +250,15 @@ def test_round_trip_and_official_names(name):
   flat_names = jax.tree_util.tree_leaves(names)
   assert {n.replace('attn*', 'attn0') for n in flat_names} <= set(official)
   assert len(flat_names) == len(set(flat_names))
+  if name == 'ms_sl':
+    assert names['key_clip_attention']['key'] == 'mapping_linear.0.weight'
+    assert names['frame']['encoder']['norm']['scale'] == 'frame_encoder.output.LayerNorm.weight'
+    return
+  if name == 'amdnet':
+    assert names['spans']['span']['kernel'] == 'clip_encoder.fc_gauss.weight'
+    assert names['moment_attention']['attention']['key']['bias'] == (
+        'clip_encoder.attn1.self.key.bias')
+    return
   v2 = name == 'gmmformer_v2'
   assert names['clip']['encoder_0']['branches']['attention']['query']['kernel'] == (
       'clip_encoder.attn*.self.query.weight')
@@ -237,7 +271,7 @@ def test_round_trip_and_official_names(name):
         'frame_encoder_2.attn*.output.LayerNorm.weight')
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2'])
 def test_stacked_branches_keep_the_official_order(name):
   official = convert.load_torch_checkpoint(_ckpt(name), use_torch=False)
   params = convert.torch_to_params(official, name)
