@@ -16,7 +16,8 @@ Variants: `synthetic` (default), `tiny`, `tvr`, `activitynet`, `charades`. Paper
 The paper's loss values instead of the code's: `--config.loss.moment_relevance=1
 --config.loss.moment_relevance_margin=0.05` (TVR; 0.1 ActivityNet) `--config.loss.clip_nce=0.02`
 (docs/paper_vs_code.md). GMMFormer v2's L_div / L_om plug in with `--config.loss.qdl`,
-`--config.loss.om` (0: off).
+`--config.loss.om` (0: off). The default variant ends with test SumR about 251 (R@1 29.2) on
+the synthetic benchmark in about 30 seconds on 2 CPU cores (docs/synthetic.md).
 """
 
 import ml_collections

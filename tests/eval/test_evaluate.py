@@ -40,7 +40,7 @@ def test_official_checkpoint_parity_through_cli(model, tmp_path, xla_cache):
   scores = np.load(out / 'scores.npy')
   assert scores.shape == official['scores'].shape
   # Fused cosine scores, O(1) (max 0.45 / 0.61): 1e-5 of the magnitude, as the in-process
-  # parity test (test_parity_gmmformer.py) checks the same scores.
+  # parity test (test_parity.py) checks the same scores.
   support.assert_close(scores, official['scores'], rtol=SCORE_RTOL)
   metrics = json.loads((out / 'metrics.json').read_text())
   names = [str(n) for n in official['metric_names']]

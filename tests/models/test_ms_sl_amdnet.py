@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import support
-from prvr_jax import models
+from prvr_jax import losses, models
 
 FRAME_LENGTHS = (128, 70, 5, 33, 90)
 QUERY_LENGTHS = (30, 7, 3, 12, 25, 9, 18, 4, 11, 2)
@@ -67,3 +67,36 @@ def test_amdnet_checks_its_constraints(field, value, match):
   config.model[field] = value
   with pytest.raises(ValueError, match=match):
     models.get_spec('amdnet').param_shapes(config.model)
+
+
+@pytest.mark.parametrize('name', ['ms_sl', 'amdnet'])
+def test_gmmformer_v2_losses_plug_in(name):
+  """`loss.qdl` / `loss.om` add GMMFormer v2's L_div and L_om (off by default, as officially):
+  each term equals the shared loss function on the second query encoding and the model's
+  clips, and the other terms do not change."""
+  config = support.load_config(name, 'tiny')
+  assert config.loss.qdl == 0 and config.loss.om == 0
+  spec = models.get_spec(name)
+  module = spec.build(config.model)
+  batch = models.random_batch(config.model, np.random.default_rng(1), FRAME_LENGTHS,
+                              QUERY_LENGTHS, queries_per_video=2)
+  params = jax.jit(lambda k: spec.init_params(config.model, k))(jax.random.key(0))
+  ctx = models.LossContext(config=config, epoch=jax.numpy.int32(0), step=jax.numpy.int32(0))
+  rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(2), len(spec.rng_streams))))
+  _, off = spec.objective(module, params, batch, rngs, ctx)
+  config.loss.update(qdl=0.5, om=0.25)
+  _, on = spec.objective(module, params, batch, rngs, ctx)
+  assert set(on) - set(off) == {'qdl', 'om'}
+  for term in off:
+    support.assert_close(on[term], off[term], support.f32_rtol(1), scale=1.0, err_msg=term)
+  outputs = module.apply({'params': params}, batch, deterministic=False,
+                         rngs={'dropout': rngs['dropout']})
+  masks = {k: batch[k] for k in ('query_video', 'query_valid', 'video_valid')}
+  expected_om = 0.25 * losses.optimal_matching_loss(outputs['queries_aux'], outputs['clips'],
+                                                    **masks)
+  expected_qdl = 0.5 * losses.query_diverse_loss_v2(
+      outputs['queries_aux'], batch['query_video'], batch['query_valid'],
+      delta=config.loss.qdl_delta, alpha=config.loss.qdl_alpha, gamma=config.loss.qdl_gamma)
+  support.assert_close(on['om'], expected_om, support.f32_rtol(32, ops=2))
+  support.assert_close(on['qdl'], expected_qdl, support.f32_rtol(32, ops=2))
+  assert float(on['om']) > 0 and float(on['qdl']) > 0
