@@ -18,13 +18,16 @@ from typing import Any
 
 import ml_collections
 
-VARIANTS = ('synthetic', 'tiny', 'tvr', 'activitynet', 'charades')
+VARIANTS = ('synthetic', 'tiny', 'tvr', 'activitynet', 'charades', 'qvhighlights')
 
-# The MS-SL feature release: feature folder and input dims per collection.
+# The MS-SL feature release: feature folder and input dims per collection; QVHighlights as
+# converted by `prvr_jax.data.qvhighlights` (SlowFast + CLIP clips, CLIP text tokens).
 DATASETS: dict[str, dict[str, Any]] = {
     'tvr': dict(visual_feature='i3d_resnet', visual_dim=3072, query_dim=768),
     'activitynet': dict(visual_feature='i3d', visual_dim=1024, query_dim=1024),
     'charades': dict(visual_feature='i3d_rgb_lgi', visual_dim=1024, query_dim=1024),
+    'qvhighlights': dict(visual_feature='slowfast_clip', visual_dim=2816, query_dim=512,
+                         text_feature='clip_text'),
 }
 
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
@@ -105,7 +108,7 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.synthetic_size = 'tiny' if variant == 'tiny' else 'default'
   config.data.collection = variant if variant in DATASETS else 'synthetic'
   config.data.visual_feature = DATASETS.get(variant, {}).get('visual_feature', 'synthetic')
-  config.data.text_feature = 'roberta'
+  config.data.text_feature = DATASETS.get(variant, {}).get('text_feature', 'roberta')
   config.data.train_split = 'train'
   config.data.val_split = 'val'
   config.data.test_split = 'test'
@@ -139,9 +142,12 @@ def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, A
     model: the model's `config.model` fields (its `name` among them).
     loss: the model's `config.loss` fields common to every variant.
     per_dataset: variant -> dotted-key values (`{'optim.lr': 3e-4, 'loss.margin': 0.1}`),
-      one entry per variant in `VARIANTS`.
+      one entry per variant of `VARIANTS` the model offers.
   """
   variant = parse_variant(arg)
+  if variant not in per_dataset:
+    raise ValueError(f'model {model["name"]!r} has no config variant {variant!r}; it offers '
+                     f'{", ".join(per_dataset)}')
   config = get_base_config(variant)
   config.model.update(model)
   config.loss.update(loss)

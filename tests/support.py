@@ -71,15 +71,20 @@ def has_torch() -> bool:
 # ----------------------------------------------------------------------------- configs
 
 
-def load_config(name_or_path: str, variant: str | None = None) -> Any:
-  """`get_config(variant)` of `configs/<name>.py`, or of a config file path."""
+def load_config_module(name_or_path: str) -> Any:
+  """The module of `configs/<name>.py`, or of a config file path."""
   path = pathlib.Path(name_or_path)
   if path.suffix != '.py':
     path = REPO / 'configs' / f'{name_or_path}.py'
   spec = importlib.util.spec_from_file_location(f'config_{path.stem}', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(variant)
+  return module
+
+
+def load_config(name_or_path: str, variant: str | None = None) -> Any:
+  """`get_config(variant)` of `configs/<name>.py`, or of a config file path."""
+  return load_config_module(name_or_path).get_config(variant)
 
 
 # ----------------------------------------------------------------------------- subprocesses

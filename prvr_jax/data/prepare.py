@@ -194,11 +194,15 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
   Download the MS-SL feature release (https://github.com/HuiGuanLab/ms-sl) and point
   `manual_dir` at the folder holding `<collection>/TextData` and
   `<collection>/FeatureData/<visual_feature>` (or at the collection folder itself).
+  QVHighlights: convert the Moment-DETR release first with `python -m
+  prvr_jax.data.qvhighlights` (docs/qvhighlights.md).
   """
   BUILDER_CONFIGS = [
       PrvrConfig(name='tvr', collection='tvr', visual_feature='i3d_resnet'),
       PrvrConfig(name='activitynet', collection='activitynet', visual_feature='i3d'),
       PrvrConfig(name='charades', collection='charades', visual_feature='i3d_rgb_lgi'),
+      PrvrConfig(name='qvhighlights', collection='qvhighlights', visual_feature='slowfast_clip',
+                 text_feature='clip_text'),
       PrvrConfig(name='synthetic', collection='synthetic', visual_feature='synthetic'),
   ]
   # TFDS infers this through `importlib_resources`, which it does not install; the

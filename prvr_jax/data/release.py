@@ -12,7 +12,9 @@ Layout of one collection folder `<root>/<collection>/`::
 AMDNet's CLIP layout (`text_feature='clip'`) replaces the BigFile and the RoBERTa file
 with `FeatureData/new_clip_vit_32_<collection>_vid_features.hdf5` (video_id ->
 [n_frames, 512]) and `TextData/clip_ViT_B_32_<collection>_query_feat.hdf5` (cap_id ->
-[512]). The video id of a caption is its cap_id up to the first '#'.
+[512]). `text_feature='clip_text'` is the RoBERTa layout with CLIP token features in
+`TextData/clip_text_<collection>_query_feat.hdf5` (QVHighlights, `prvr_jax.data.qvhighlights`).
+The video id of a caption is its cap_id up to the first '#'.
 
 Every problem raises `DataError` (or `FileNotFoundError`) naming the file and the id at
 fault. `skip_bad_items=True` skips bad videos / captions instead, records each one in
@@ -35,7 +37,14 @@ from prvr_jax.files import listing, short
 
 _log = logging.getLogger(__name__)
 
-TEXT_FEATURES = ('roberta', 'clip')
+TEXT_FEATURES = ('roberta', 'clip', 'clip_text')
+# Text features of the token layout: a BigFile of frames and a cap_id -> [n_tokens, Dq] HDF5.
+TOKEN_TEXT_FEATURES = ('roberta', 'clip_text')
+_QUERY_FEATURE_FILES = {
+    'roberta': 'roberta_%s_query_feat.hdf5',
+    'clip': 'clip_ViT_B_32_%s_query_feat.hdf5',
+    'clip_text': 'clip_text_%s_query_feat.hdf5',
+}
 _SPLIT_ORDER = ('train', 'val', 'test')
 _CAPTION_SUFFIX = '.caption.txt'
 _MAX_LISTED = 5
@@ -296,7 +305,7 @@ class H5Features:
 
 
 class CaptionFeatures(H5Features):
-  """RoBERTa token features: cap_id -> `[n_tokens, Dq]`."""
+  """Token features (RoBERTa, or CLIP for 'clip_text'): cap_id -> `[n_tokens, Dq]`."""
   kind = 'caption id'
 
 
@@ -321,13 +330,17 @@ class Layout:
   visual_feature: str | None
   text_feature: str
 
+  def __post_init__(self):
+    if self.text_feature not in TEXT_FEATURES:
+      raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {self.text_feature!r}')
+
   @property
   def text_dir(self) -> str:
     return os.path.join(self.collection_dir, 'TextData')
 
   @property
   def feature_dir(self) -> str:
-    """The BigFile folder (RoBERTa layout)."""
+    """The BigFile folder (token layout)."""
     return os.path.join(self.collection_dir, 'FeatureData', self.visual_feature or '')
 
   @property
@@ -336,9 +349,7 @@ class Layout:
 
   @property
   def query_feature_path(self) -> str:
-    name = ('roberta_%s_query_feat.hdf5' if self.text_feature == 'roberta'
-            else 'clip_ViT_B_32_%s_query_feat.hdf5')
-    return os.path.join(self.text_dir, name % self.collection)
+    return os.path.join(self.text_dir, _QUERY_FEATURE_FILES[self.text_feature] % self.collection)
 
   @property
   def clip_video_feature_path(self) -> str:
@@ -406,10 +417,11 @@ class Release:
     collection: e.g. 'tvr', 'activitynet', 'charades'; inferred when unambiguous.
     visual_feature: BigFile folder under FeatureData ('i3d_resnet', 'i3d',
       'i3d_rgb_lgi'); unused by the CLIP layout.
-    text_feature: 'roberta' (BigFile + RoBERTa tokens) or 'clip' (AMDNet CLIP HDF5 files).
+    text_feature: 'roberta' (BigFile + RoBERTa tokens), 'clip_text' (BigFile + CLIP tokens)
+      or 'clip' (AMDNet CLIP HDF5 files).
     num_clips, max_frames, max_query_len: official preprocessing sizes (32, 128, 30).
-    normalize: L2-normalise clips, frames and tokens; default True for 'roberta' and
-      False for 'clip' (as AMDNet).
+    normalize: L2-normalise clips, frames and tokens; default True for the token layouts
+      ('roberta', 'clip_text') and False for 'clip' (as AMDNet).
     visual_dim, query_dim: expected dims (`config.model.visual_dim` / `query_dim`);
       a mismatch raises DataError naming the flag. None = take them from the data.
     skip_bad_items: skip bad videos / captions instead of raising; see `ReleaseSplit.skipped`.
@@ -425,14 +437,15 @@ class Release:
                check_values: bool = False):
     if text_feature not in TEXT_FEATURES:
       raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {text_feature!r}')
-    if text_feature == 'roberta' and not visual_feature:
-      raise ValueError("text_feature='roberta' needs visual_feature (the FeatureData/<name> BigFile folder)")
+    if text_feature in TOKEN_TEXT_FEATURES and not visual_feature:
+      raise ValueError(f'text_feature={text_feature!r} needs visual_feature (the FeatureData/<name> '
+                       'BigFile folder)')
     collection_dir, collection = _resolve_collection(root, collection)
     self.layout = Layout(collection_dir, collection, visual_feature, text_feature)
     self.num_clips = num_clips
     self.max_frames = max_frames
     self.max_query_len = max_query_len
-    self.normalize = (text_feature == 'roberta') if normalize is None else normalize
+    self.normalize = (text_feature in TOKEN_TEXT_FEATURES) if normalize is None else normalize
     self.expected_visual_dim = visual_dim
     self.expected_query_dim = query_dim
     self.skip_bad_items = skip_bad_items
@@ -791,10 +804,10 @@ def write_release(root: str, collection: str, videos: Mapping[str, np.ndarray],
   """Writes a release-layout collection folder from numpy data; returns its path.
 
   Args:
-    videos: video_id -> raw frame features `[n_frames, Dv]`. For the RoBERTa layout
-      frame ids are `<video_id>_<k>` rows of one BigFile.
+    videos: video_id -> raw frame features `[n_frames, Dv]`. For the token layouts
+      ('roberta', 'clip_text') frame ids are `<video_id>_<k>` rows of one BigFile.
     captions: split name -> `[(cap_id, caption)]`.
-    caption_features: cap_id -> `[n_tokens, Dq]` (RoBERTa) or `[Dq]` (CLIP).
+    caption_features: cap_id -> `[n_tokens, Dq]` (token layouts) or `[Dq]` (CLIP).
   """
   layout = Layout(os.path.join(os.fspath(root), collection), collection, visual_feature, text_feature)
   if text_feature == 'clip':

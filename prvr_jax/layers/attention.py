@@ -79,9 +79,11 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, queries: jax.Array, keys: jax.Array, key_mask: jax.Array | None = None,
-               window: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+               window: jax.Array | None = None, deterministic: bool = True,
+               return_probs: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """queries `[B, Lq, D]`, keys (= values) `[B, Lk, D]`, key_mask `[B, Lk]` (1 = real key),
-    window broadcastable to `[B, 1, Lq, Lk]` -> `[B, Lq, D]`."""
+    window broadcastable to `[B, 1, Lq, Lk]` -> `[B, Lq, D]`, and with `return_probs` the
+    attention probabilities `[B, H, Lq, Lk]` (before dropout)."""
     width = queries.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not a multiple of num_heads {self.num_heads}')
@@ -102,15 +104,16 @@ class MultiHeadAttention(nn.Module):
       logits = logits * window
     if key_mask is not None:
       logits = logits + (1.0 - key_mask[:, None, None, :]) * MASKED_LOGIT
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = Dropout(self.dropout_rate)(probs, deterministic=deterministic)
+    attention = jax.nn.softmax(logits, axis=-1)
+    probs = Dropout(self.dropout_rate)(attention, deterministic=deterministic)
     if fold:  # sum_k p_k (x_k W_v + b_v) = (sum_k p_k x_k) W_v + (sum_k p_k) b_v
       attended = jnp.einsum('bhqk,bke->bqhe', probs, keys)  # [B, Lq, H, D]
       out = (jnp.einsum('bqhe,ehd->bqhd', attended, split(value_proj.kernel))
              + jnp.einsum('bhqk,hd->bqhd', probs, split(value_proj.bias)))
     else:
       out = jnp.einsum('bhqk,bkhd->bqhd', probs, split(value_proj(keys)))
-    return out.reshape(out.shape[:-2] + (width,))
+    out = out.reshape(out.shape[:-2] + (width,))
+    return (out, attention) if return_probs else out
 
 
 class AttentionBlockV1(nn.Module):
@@ -121,14 +124,17 @@ class AttentionBlockV1(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, context: jax.Array | None = None,
                key_mask: jax.Array | None = None, window: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    """x `[B, L, D]` (context `[B, Lk, D]`, default x) -> `[B, L, D]`."""
+               deterministic: bool = True, return_probs: bool = False
+               ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """x `[B, L, D]` (context `[B, Lk, D]`, default x) -> `[B, L, D]`, and with
+    `return_probs` the attention probabilities `[B, H, L, Lk]`."""
     context = x if context is None else context
-    y = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
-        x, context, key_mask, window, deterministic)
+    y, probs = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
+        x, context, key_mask, window, deterministic, return_probs=True)
     y = dense(x.shape[-1], 'output')(y)
     y = Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    return layer_norm('norm')(x + y)
+    out = layer_norm('norm')(x + y)
+    return (out, probs) if return_probs else out
 
 
 class AttentionBlockV2(nn.Module):

@@ -6,19 +6,23 @@
 * `query_diversity` -- GMMFormer's query diverse losses (v1, focal v2).
 * `matching` -- GMMFormer v2's optimal matching loss and the Hungarian host callback.
 * `moments` -- AMDNet's moment diversity and moment relevance.
+* `prototypes` -- ProtoPRVR's masked-token InfoNCE, reconstruction MSE, attention guidance and
+  prototype orthogonality.
 * `masking` -- the masked reductions they are written with.
 
-Reconstruction terms and regularisers join as their models do (ProtoPRVR). A model's
+A model's
 objective (`prvr_jax/models/<name>/objective.py`) weights and sums these terms.
 """
 
 from prvr_jax.losses.contrastive import clip_nce, paired_nce
 from prvr_jax.losses.matching import hungarian_assignment, optimal_matching_loss
 from prvr_jax.losses.moments import moment_diversity_loss, moment_relevance_loss
+from prvr_jax.losses.prototypes import attention_guidance_loss, masked_token_nce
+from prvr_jax.losses.prototypes import orthogonality_loss, reconstruction_mse
 from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse_loss_v2
 from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_negatives
 
-__all__ = ['clip_nce', 'hungarian_assignment', 'moment_diversity_loss',
-           'moment_relevance_loss', 'optimal_matching_loss', 'paired_nce',
-           'paired_triplet_loss', 'query_diverse_loss_v1', 'query_diverse_loss_v2',
+__all__ = ['attention_guidance_loss', 'clip_nce', 'hungarian_assignment', 'masked_token_nce', 'moment_diversity_loss',
+           'moment_relevance_loss', 'optimal_matching_loss', 'orthogonality_loss', 'paired_nce',
+           'paired_triplet_loss', 'query_diverse_loss_v1', 'query_diverse_loss_v2', 'reconstruction_mse',
            'triplet_loss', 'triplet_negatives']

@@ -13,10 +13,11 @@ from prvr_jax.models.batch import example_batch, random_batch
 from prvr_jax.models.gmmformer import GMMFormer
 from prvr_jax.models.gmmformer_v2 import GMMFormerV2
 from prvr_jax.models.ms_sl import MSSL
+from prvr_jax.models.protoprvr import ProtoPRVR
 from prvr_jax.models.registry import get_model, get_spec, names, register, unregister
 from prvr_jax.models.spec import LossContext, ModelSpec, OfficialCheckpoint, count_params
 
 __all__ = ['AMDNet', 'GMMFormer', 'GMMFormerV2', 'LossContext', 'MSSL', 'ModelSpec',
-           'OfficialCheckpoint',
+           'OfficialCheckpoint', 'ProtoPRVR',
            'count_params', 'example_batch', 'get_model', 'get_spec', 'names', 'random_batch',
            'register', 'unregister']

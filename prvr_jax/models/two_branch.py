@@ -118,7 +118,9 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
     + frame_nce * NCE(frame logits) + Triplet(frame cosines) + extra_terms(...)
 
   with the triplet negatives from `rngs['negatives']` and hard negatives from
-  `config.loss.hard_negative_start_epoch` on (compared with the traced `ctx.epoch`).
+  `config.loss.hard_negative_start_epoch` on (compared with the traced `ctx.epoch`); the
+  other streams of `rngs` go to the forward. `config.loss.use_nce=False` (where the model
+  offers it) leaves out both NCE terms.
   `extra_terms(outputs, batch, config.loss)` returns the model's other weighted terms.
   `paired_frames`: the frame matrices are `[Q, Q]` (query i against the frame feature built
   for query j, MS-SL) and use `paired_nce` / `paired_triplet_loss`.
@@ -128,7 +130,7 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
                 ctx: LossContext) -> tuple[jax.Array, dict[str, jax.Array]]:
     cfg = ctx.config.loss
     outputs = model.apply({'params': params}, batch, deterministic=False,
-                          rngs={'dropout': rngs['dropout']})
+                          rngs={k: v for k, v in rngs.items() if k != 'negatives'})
     masks = batch_masks(batch)
     clip_key, frame_key = jax.random.split(rngs['negatives'])
     triplet = dict(margin=cfg.margin, hard_pool_size=cfg.hard_pool_size,
@@ -149,6 +151,8 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
       terms['frame_nce'] = cfg.frame_nce * losses.clip_nce(outputs['frame_logits'], **masks)
       terms['frame_triplet'] = losses.triplet_loss(outputs['frame_scores'], **masks,
                                                    key=frame_key, **triplet)
+    if not cfg.get('use_nce', True):
+      del terms['clip_nce'], terms['frame_nce']
     return jnp.sum(jnp.stack(list(terms.values()))), terms
   return objective
 

@@ -1,0 +1,491 @@
+r"""QVHighlights (the Moment-DETR release) as a PRVR benchmark, written in the release layout.
+
+ProtoPRVR (ICCV 2025, appendix) turns QVHighlights into a PRVR benchmark: the 150-second
+segments of one YouTube source become one video, in time order, and every query keeps its
+moment, shifted to where its segment starts in the merged video. Train is the release's
+train split; the release's val split is both our `val` (model selection) and our `test`
+(the release's test split has no moments). Expected counts: train 2,214 videos / 7,218
+queries, val = test 474 / 1,550.
+
+Input (https://github.com/jayleicn/moment_detr, `data/` and the README's feature archive):
+
+  <annotations>/highlight_{train,val}_release.jsonl   one query per line: qid, query,
+      vid = <youtube_id>_<start>_<end> (seconds in the source), duration (s),
+      relevant_windows [[s, e], ...] (s, from the segment start)
+  <features>/slowfast_features/<vid>.npz   'features' [n_clips, 2304], one row per 2 s
+  <features>/clip_features/<vid>.npz       'features' [n_clips, 512]
+  <features>/clip_text_features/qid<qid>.npz   'last_hidden_state' [n_tokens, 512]
+
+Output `<out>/qvhighlights/` (read with `Release(out, 'qvhighlights', 'slowfast_clip',
+'clip_text')`):
+
+  TextData/qvhighlights{train,val,test}.caption.txt   `<youtube_id>#<qid> <query>`
+  TextData/qvhighlights{train,val,test}.moments.txt   `<cap_id> <start> <end> <duration>`
+  TextData/clip_text_qvhighlights_query_feat.hdf5     cap_id -> [n_tokens, 512] (raw)
+  FeatureData/slowfast_clip/                          BigFile, frame ids `<vid>_<k>`
+
+A frame row is concat(l2(SlowFast), l2(CLIP)) `[2816]` of one 2-second clip, as Moment-DETR's
+loader builds it: each feature cut to 75 clips (its `max_v_l`, 150 s), both cut to the
+shorter of the two. A query's moment is the span from its first window's start to its last
+window's end (the windows are in time order in the release).
+
+Command line:
+
+  python -m prvr_jax.data.qvhighlights --annotations=moment_detr/data \
+      --features=moment_detr/features --out=/data/prvr
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+
+import h5py
+import numpy as np
+
+from prvr_jax.data import preprocess
+from prvr_jax.data import release as release_lib
+from prvr_jax.files import listing, short
+
+_log = logging.getLogger(__name__)
+
+COLLECTION = 'qvhighlights'
+VISUAL_FEATURE = 'slowfast_clip'
+TEXT_FEATURE = 'clip_text'
+CLIP_SECONDS = 2.0
+MAX_SEGMENT_CLIPS = 75  # Moment-DETR's max_v_l: a 150 s segment in 2 s clips
+SLOWFAST_DIM, CLIP_DIM, QUERY_DIM = 2304, 512, 512
+VISUAL_DIM = SLOWFAST_DIM + CLIP_DIM
+# Our split -> the release split read for it (the release's val is our val and our test).
+DEFAULT_SPLITS: Mapping[str, str] = {'train': 'train', 'val': 'val', 'test': 'val'}
+ANNOTATION_FILE = 'highlight_{}_release.jsonl'
+SLOWFAST_DIR, CLIP_DIR, TEXT_DIR = 'slowfast_features', 'clip_features', 'clip_text_features'
+
+_YOUTUBE_ID = re.compile(r'[A-Za-z0-9_-]+')
+_MAX_LISTED = 5
+
+DataError = release_lib.DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+  """One annotation line: a query on one 150-second segment `vid` of a YouTube source."""
+  qid: int
+  query: str
+  vid: str
+  youtube_id: str
+  source_start: float  # seconds: where the segment starts in the YouTube source
+  source_end: float
+  duration: float  # seconds of the segment
+  windows: tuple[tuple[float, float], ...]  # seconds from the segment's start
+  where: str  # 'file:line'
+
+  @property
+  def cap_id(self) -> str:
+    return f'{self.youtube_id}#{self.qid}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  """A segment's place in its merged video: from `offset` for `seconds` (seconds)."""
+  vid: str
+  source_start: float
+  offset: float
+  seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Caption:
+  """A query of a merged video; `windows` in seconds of the merged video."""
+  cap_id: str
+  qid: int
+  query: str
+  vid: str
+  windows: tuple[tuple[float, float], ...]
+  clipped: bool  # a window ran past its segment's features and was cut there
+
+  @property
+  def moment(self) -> tuple[float, float]:
+    """The span from the first window's start to the last window's end."""
+    return min(s for s, _ in self.windows), max(e for _, e in self.windows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Video:
+  """One YouTube source: its segments in time order and one split's captions."""
+  video_id: str
+  segments: tuple[Segment, ...]
+  captions: tuple[Caption, ...]
+
+  @property
+  def duration(self) -> float:
+    return self.segments[-1].offset + self.segments[-1].seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCounts:
+  """What one split of the converted release holds."""
+  videos: int
+  queries: int
+  segments: int  # segments of its videos (those of other splits' queries included)
+  clipped_windows: int  # captions with a window cut at its segment's feature end
+
+
+# ----------------------------------------------------------------------------- annotations
+
+
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_vid(vid: str) -> tuple[str, float, float]:
+  """`<youtube_id>_<start>_<end>` -> (youtube_id, start, end); the id may contain '_'."""
+  parts = vid.rsplit('_', 2)
+  if len(parts) != 3 or not _YOUTUBE_ID.fullmatch(parts[0]):
+    raise ValueError
+  start, end = float(parts[1]), float(parts[2])
+  if not (math.isfinite(start) and math.isfinite(end) and 0 <= start < end):
+    raise ValueError
+  return parts[0], start, end
+
+
+def parse_query(row, where: str) -> Query:
+  """Checks one decoded annotation line (`where`: 'file:line', for messages)."""
+  if not isinstance(row, dict):
+    raise DataError(f'{where}: expected a JSON object, got {type(row).__name__}')
+  missing = [k for k in ('qid', 'query', 'vid', 'duration', 'relevant_windows') if k not in row]
+  if missing:
+    raise DataError(f'{where}: qid {short(row.get("qid"))}: missing key(s) {missing}')
+  qid, query, vid, duration = row['qid'], row['query'], row['vid'], row['duration']
+  if not isinstance(qid, int) or isinstance(qid, bool) or qid < 0:
+    raise DataError(f'{where}: qid {short(qid)} is not a non-negative integer')
+  if not isinstance(query, str) or not query.strip():
+    raise DataError(f'{where}: qid {qid}: empty or non-string query {short(query)}')
+  try:
+    youtube_id, start, end = parse_vid(vid)
+  except (AttributeError, ValueError):
+    raise DataError(f'{where}: qid {qid}: vid {short(vid)} is not <youtube_id>_<start>_<end> '
+                    '(id of letters, digits, "_" and "-"; 0 <= start < end seconds)') from None
+  if not _number(duration) or not 0 < duration <= end - start:
+    raise DataError(f'{where}: qid {qid}: duration {short(duration)} is not in (0, {end - start}] '
+                    f'(the length of segment {vid})')
+  windows = row['relevant_windows']
+  if not isinstance(windows, list) or not windows:
+    raise DataError(f'{where}: qid {qid}: relevant_windows {short(windows)} is not a non-empty '
+                    'list')
+  for w in windows:
+    if not (isinstance(w, list) and len(w) == 2 and all(_number(t) for t in w)
+            and 0 <= w[0] <= w[1] <= duration):
+      raise DataError(f'{where}: qid {qid}: window {short(w)} is outside its segment {vid} '
+                      f'(needs [s, e] with 0 <= s <= e <= duration={duration})')
+  return Query(qid=qid, query=' '.join(query.split()), vid=vid, youtube_id=youtube_id,
+               source_start=start, source_end=end, duration=float(duration),
+               windows=tuple((float(s), float(e)) for s, e in windows), where=where)
+
+
+def read_annotations(path: str) -> list[Query]:
+  """Parses one Moment-DETR annotation file (JSON lines, never evaluated), in file order."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'QVHighlights annotation file {path} does not exist')
+  queries = []
+  first = {}
+  with open(path, 'rb') as f:
+    for lineno, raw in enumerate(f, 1):
+      where = f'{path}:{lineno}'
+      if not raw.strip():
+        continue
+      try:
+        row = json.loads(raw)
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f'{where}: not a JSON line ({e})') from None
+      q = parse_query(row, where)
+      if q.qid in first:
+        raise DataError(f'{where}: duplicate qid {q.qid} (first on {first[q.qid]})')
+      first[q.qid] = where
+      queries.append(q)
+  if not queries:
+    raise DataError(f'{path}: no queries')
+  return queries
+
+
+def read_splits(annotation_dir: str, splits: Mapping[str, str] = DEFAULT_SPLITS
+                ) -> dict[str, list[Query]]:
+  """Our split -> its queries, each release file read once."""
+  read: dict[str, list[Query]] = {}
+  for name in dict.fromkeys(splits.values()):
+    read[name] = read_annotations(os.path.join(annotation_dir, ANNOTATION_FILE.format(name)))
+  return {ours: read[theirs] for ours, theirs in splits.items()}
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def _segments_by_source(queries: Iterable[Query]) -> dict[str, list[Query]]:
+  """youtube_id -> one query per segment, in time order; checks qids and segments agree."""
+  by_qid: dict[int, Query] = {}
+  by_vid: dict[str, Query] = {}
+  for q in queries:
+    other = by_qid.setdefault(q.qid, q)
+    if other.where != q.where:
+      raise DataError(f'{q.where}: duplicate qid {q.qid} (also on {other.where})')
+    other = by_vid.setdefault(q.vid, q)
+    if other.duration != q.duration:
+      raise DataError(f'{q.where}: segment {q.vid} has duration {q.duration}, but '
+                      f'{other.duration} on {other.where}')
+  sources: dict[str, list[Query]] = {}
+  for q in sorted(by_vid.values(), key=lambda q: q.source_start):
+    segments = sources.setdefault(q.youtube_id, [])
+    if segments and q.source_start < segments[-1].source_end:
+      raise DataError(f'{q.where}: segment {q.vid} overlaps segment {segments[-1].vid} '
+                      f'({segments[-1].where}) of the same YouTube source')
+    segments.append(q)
+  return sources
+
+
+def merge_videos(splits: Mapping[str, Sequence[Query]],
+                 segment_seconds: Mapping[str, float] | None = None) -> dict[str, list[Video]]:
+  """Merges the segments of each YouTube source into one video; returns split -> videos.
+
+  A video holds every segment of its source found in any split (so one video id means the
+  same features in every split), in time order; a split's videos are the sources of its
+  queries in order of first appearance, with their captions in file order.
+
+  Args:
+    splits: split -> its queries (`read_splits`).
+    segment_seconds: vid -> the length of its features in seconds (rows * 2 s); default:
+      each segment's annotated `duration`. Windows past their segment's length are cut there
+      (`Caption.clipped`).
+  """
+  sources = _segments_by_source(q for queries in splits.values() for q in queries)
+  placed: dict[str, list[Segment]] = {}
+  for youtube_id, segments in sources.items():
+    offset, placed[youtube_id] = 0.0, []
+    for q in segments:
+      seconds = q.duration if segment_seconds is None else float(segment_seconds[q.vid])
+      placed[youtube_id].append(Segment(q.vid, q.source_start, offset, seconds))
+      offset += seconds
+  where = {s.vid: s for segments in placed.values() for s in segments}
+
+  out = {}
+  for name, queries in splits.items():
+    captions: dict[str, list[Caption]] = {}
+    for q in queries:
+      seg = where[q.vid]
+      windows = tuple((seg.offset + min(s, seg.seconds), seg.offset + min(e, seg.seconds))
+                      for s, e in q.windows)
+      clipped = any(e > seg.seconds for _, e in q.windows)
+      captions.setdefault(q.youtube_id, []).append(
+          Caption(q.cap_id, q.qid, q.query, q.vid, windows, clipped))
+    out[name] = [Video(v, tuple(placed[v]), tuple(caps)) for v, caps in captions.items()]
+  return out
+
+
+def video_tables(annotation_dir: str, splits: Mapping[str, str] = DEFAULT_SPLITS
+                 ) -> dict[str, list[Video]]:
+  """The merged videos of each split from the annotation files alone (segment lengths from
+  their annotated durations)."""
+  return merge_videos(read_splits(annotation_dir, splits))
+
+
+def count(videos: Sequence[Video]) -> SplitCounts:
+  """The counts of one split's videos."""
+  return SplitCounts(videos=len(videos), queries=sum(len(v.captions) for v in videos),
+                     segments=sum(len(v.segments) for v in videos),
+                     clipped_windows=sum(c.clipped for v in videos for c in v.captions))
+
+
+def split_overlaps(tables: Mapping[str, Sequence[Video]], train_split: str = 'train'
+                   ) -> dict[str, list[str]]:
+  """Video ids `train_split` shares with each other split: 'train&val' -> ids."""
+  if train_split not in tables:
+    return {}
+  train = {v.video_id for v in tables[train_split]}
+  out = {}
+  for name, videos in tables.items():
+    shared = [v.video_id for v in videos if v.video_id in train]
+    if name != train_split and shared:
+      out[f'{train_split}&{name}'] = shared
+  return out
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def feature_paths(feature_dir: str, vid: str) -> tuple[str, str]:
+  """The SlowFast and CLIP `.npz` files of a segment."""
+  return (os.path.join(feature_dir, SLOWFAST_DIR, f'{vid}.npz'),
+          os.path.join(feature_dir, CLIP_DIR, f'{vid}.npz'))
+
+
+def text_feature_path(feature_dir: str, qid: int) -> str:
+  """The CLIP token `.npz` file of a query."""
+  return os.path.join(feature_dir, TEXT_DIR, f'qid{qid}.npz')
+
+
+def _load_npz(path: str, key: str, dim: int, what: str) -> np.ndarray:
+  """`key` of an .npz file as float32 `[n >= 1, dim]`, finite (pickles refused)."""
+  try:
+    npz = np.load(path, allow_pickle=False)
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+      raise ValueError('not an .npz archive')
+    with npz:
+      x = npz[key] if key in npz.files else None
+      keys = npz.files
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    raise DataError(f'{path} ({what}): cannot read as .npz ({e.__class__.__name__}: {e})') from None
+  if x is None:
+    raise DataError(f'{path} ({what}): no array {key!r} (it has {keys})')
+  if x.ndim != 2 or x.shape[0] == 0 or x.dtype.kind != 'f':
+    raise DataError(f'{path} ({what}): {key!r} is {x.dtype} of shape {x.shape}, expected float '
+                    f'[n >= 1, {dim}]')
+  if x.shape[1] != dim:
+    raise DataError(f'{path} ({what}): {key!r} has feature dim {x.shape[1]}, expected {dim}')
+  x = x.astype(np.float32)
+  bad = ~np.isfinite(x).all(axis=1)
+  if bad.any():
+    raise DataError(f'{path} ({what}): NaN/Inf in row {int(np.argmax(bad))} '
+                    f'({int(bad.sum())} bad row(s))')
+  return x
+
+
+def segment_features(feature_dir: str, vid: str) -> np.ndarray:
+  """Frame rows `[n <= 75, 2816]` float32 of a segment, as Moment-DETR's loader builds them."""
+  slowfast_path, clip_path = feature_paths(feature_dir, vid)
+  parts = [_load_npz(slowfast_path, 'features', SLOWFAST_DIM, f'SlowFast features of {vid}'),
+           _load_npz(clip_path, 'features', CLIP_DIM, f'CLIP features of {vid}')]
+  n = min(MAX_SEGMENT_CLIPS, *(len(x) for x in parts))
+  return np.concatenate([preprocess.l2_normalize(x[:n]) for x in parts], axis=1)
+
+
+def _check_inputs(feature_dir: str, videos: Sequence[Video], queries: Iterable[Query]) -> None:
+  """Raises listing every missing feature file (before anything is written)."""
+  paths = [p for v in videos for s in v.segments for p in feature_paths(feature_dir, s.vid)]
+  paths += [text_feature_path(feature_dir, q.qid) for q in queries]
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise FileNotFoundError(f'{len(missing)} of {len(paths)} feature files are missing under '
+                            f'{feature_dir}:\n{listing(missing, limit=_MAX_LISTED)}')
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _write_moments(path: str, videos: Sequence[Video]) -> None:
+  with open(path, 'w', encoding='utf-8') as f:
+    for v in videos:
+      for c in v.captions:
+        start, end = c.moment
+        f.write(f'{c.cap_id} {start!r} {end!r} {v.duration!r}\n')
+
+
+def _write_bigfile(feature_dir: str, folder: str, videos: Sequence[Video]) -> dict[str, float]:
+  """Writes the BigFile of `videos` row by row; returns vid -> seconds of its features."""
+  os.makedirs(folder)
+  ids, video2frames, seconds = [], {}, {}
+  with open(os.path.join(folder, 'feature.bin'), 'wb') as f:
+    for v in videos:
+      frames = video2frames[v.video_id] = []
+      for s in v.segments:
+        x = segment_features(feature_dir, s.vid)
+        f.write(x.astype('<f4').tobytes())
+        frames += [f'{s.vid}_{k}' for k in range(len(x))]
+        seconds[s.vid] = len(x) * CLIP_SECONDS
+      ids += frames
+  with open(os.path.join(folder, 'id.txt'), 'w', encoding='utf-8') as f:
+    f.write(' '.join(ids))
+  with open(os.path.join(folder, 'shape.txt'), 'w') as f:
+    f.write(f'{len(ids)} {VISUAL_DIM}')
+  # Ids of letters, digits, '_', '-', '.': repr quotes them with "'", which release.py's
+  # reader parses as JSON (never eval).
+  release_lib.write_video2frames(os.path.join(folder, 'video2frames.txt'), video2frames)
+  return seconds
+
+
+def _write_text_features(path: str, feature_dir: str, queries: Iterable[Query]) -> None:
+  with h5py.File(path, 'w') as f:
+    for q in queries:
+      x = _load_npz(text_feature_path(feature_dir, q.qid), 'last_hidden_state', QUERY_DIM,
+                    f'CLIP text features of qid {q.qid}')
+      f.create_dataset(q.cap_id, data=x)
+
+
+def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
+                  splits: Mapping[str, str] = DEFAULT_SPLITS) -> dict[str, SplitCounts]:
+  """Converts the Moment-DETR release into `<out_dir>/qvhighlights/`; returns split -> counts.
+
+  Args:
+    annotation_dir: folder of `highlight_<split>_release.jsonl`.
+    feature_dir: folder of `slowfast_features/`, `clip_features/`, `clip_text_features/`.
+    out_dir: a new or empty folder.
+    splits: our split -> the release split read for it (default: train -> train, val and
+      test -> val).
+  """
+  if os.path.isdir(out_dir) and os.listdir(out_dir):
+    raise FileExistsError(f'refusing to write into --out={out_dir}: it is not empty '
+                          f'({short(sorted(os.listdir(out_dir)))}); choose a new or empty folder')
+  queries = read_splits(annotation_dir, splits)
+  tables = merge_videos(queries)
+  all_videos = list({v.video_id: v for videos in tables.values() for v in videos}.values())
+  all_queries = list({q.qid: q for qs in queries.values() for q in qs}.values())
+  _check_inputs(feature_dir, all_videos, all_queries)
+
+  final = os.path.join(out_dir, COLLECTION)
+  partial = final + '.partial'
+  os.makedirs(partial)
+  try:
+    layout = release_lib.Layout(partial, COLLECTION, VISUAL_FEATURE, TEXT_FEATURE)
+    seconds = _write_bigfile(feature_dir, layout.feature_dir, all_videos)
+    tables = merge_videos(queries, seconds)
+    os.makedirs(layout.text_dir)
+    for name, videos in tables.items():
+      release_lib.write_captions(layout.caption_path(name),
+                                 ((c.cap_id, c.query) for v in videos for c in v.captions))
+      _write_moments(os.path.join(layout.text_dir, f'{COLLECTION}{name}.moments.txt'), videos)
+    _write_text_features(layout.query_feature_path, feature_dir, all_queries)
+    os.rename(partial, final)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+
+  counts = {name: count(videos) for name, videos in tables.items()}
+  clipped = list(dict.fromkeys(f'{c.cap_id} (segment {c.vid})' for videos in tables.values()
+                               for v in videos for c in v.captions if c.clipped))
+  if clipped:
+    _log.warning('%d caption(s) have a window past the end of their segment\'s features, cut '
+                 'there:\n%s', len(clipped), listing(clipped, limit=_MAX_LISTED))
+  for pair, shared in split_overlaps(tables).items():
+    _log.warning('%s share %d YouTube source(s) (e.g. %s): prepare refuses these splits unless '
+                 'config.data.allow_split_overlap=True', pair, len(shared), short(shared[:3]))
+  return counts
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fl = flags.FLAGS
+  counts = build_release(fl.annotations, fl.features, fl.out)
+  for name, c in counts.items():
+    print(f'{name}: {c.videos} videos, {c.queries} queries, {c.segments} segments, '
+          f'{c.clipped_windows} clipped window(s)')
+  print(f'wrote {os.path.join(fl.out, COLLECTION)}; train with: python train.py '
+        f'--config=configs/protoprvr.py:qvhighlights --config.data.dir={fl.out} --workdir=DIR')
+
+
+if __name__ == '__main__':
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  flags.DEFINE_string('annotations', None, 'folder of highlight_{train,val}_release.jsonl',
+                      required=True)
+  flags.DEFINE_string('features', None, 'folder of slowfast_features/, clip_features/, '
+                      'clip_text_features/', required=True)
+  flags.DEFINE_string('out', None, 'new or empty output folder (gets qvhighlights/)',
+                      required=True)
+  logging.basicConfig(level=logging.INFO)
+  app.run(main)

@@ -1,0 +1,28 @@
+"""ProtoPRVR (Moon et al., ICCV 2025, "Prototypes are Balanced Units for Efficient and Effective
+PRVR"): model, objective, registry entry. The authors released no code; every choice the paper
+leaves open is listed in docs/protoprvr.md.
+
+Parameters (`jax.eval_shape`, configs/protoprvr.py; K shares its weights, so it adds none):
+TVR 10,424,450; ActivityNet 7,562,370; QVHighlights (SlowFast + CLIP) 9,733,762. Of these,
+the decoders used only in training (text decoder, two feature decoders) hold 4,658,690 /
+3,278,850 / 4,264,450. Stored per video: 2 branches x 30 prototypes x 384 float32 = 92,160
+bytes (a tenth of MS-SL's 1,008,128).
+"""
+
+from prvr_jax.models.protoprvr.model import ProtoPRVR
+from prvr_jax.models.protoprvr.objective import objective
+from prvr_jax.models.spec import ModelSpec
+from prvr_jax.models.two_branch import OFFICIAL_NO_DECAY
+
+SPEC = ModelSpec(
+    name='protoprvr', module=ProtoPRVR, objective=objective,
+    rng_streams=('dropout', 'negatives', 'masking'), no_decay=OFFICIAL_NO_DECAY,
+    # Softmax is shift invariant: no key bias of an attention gets a gradient, nor the bias of
+    # the feature decoders' mixing weights (softmax over the prototypes); the text
+    # decoder's cross-attention has a single key (the retrieved prototype), so its softmax
+    # is 1 and its query and key projections get none either.
+    gradient_free=(r'/attention/key/bias$', r'_decoder/weight/bias$',
+                   r'^text_decoder/cross_attention/attention/(query|key)/'),
+    param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762})
+
+__all__ = ['ProtoPRVR', 'SPEC', 'objective']
