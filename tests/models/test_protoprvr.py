@@ -2,6 +2,7 @@
 mixing targets, padding invariance, stored bytes, and every ablation config of Tables 4-6
 (builds, trains a step, changes what it claims)."""
 
+import functools
 import math
 
 import jax
@@ -24,6 +25,22 @@ def _small(arg='tiny'):
   config = support.load_config(CONFIG, arg)
   config.model.update(max_frames=16, num_clips=8, max_query_len=8)
   return config
+
+
+@functools.cache
+def _cached_params(num_prototypes, generator, iterations, seed):
+  config = _small()
+  config.model.update(num_prototypes=num_prototypes, prototype_generator=generator,
+                      prototype_iterations=iterations)
+  spec = models.get_spec(CONFIG)
+  return jax.jit(lambda key: spec.init_params(config.model, key))(jax.random.key(seed))
+
+
+def _params(config, seed=0):
+  """Initial parameters of `config.model` (a `_small` config), shared by the configs whose
+  parameter tree is the same."""
+  m = config.model
+  return _cached_params(m.num_prototypes, m.prototype_generator, m.prototype_iterations, seed)
 
 
 def _batch(config, seed=0):
@@ -111,7 +128,7 @@ def test_generators_are_invariant_to_padding_and_order(kind):
 def test_model_prototypes_ignore_padded_frames():
   config = _small()
   spec = models.get_spec(CONFIG)
-  params = spec.init_params(config.model, jax.random.key(0))
+  params = _params(config)
   batch = _batch(config)
   videos = {k: batch[k] for k in spec.video_inputs}
   noisy = dict(videos, frame_feats=videos['frame_feats']
@@ -148,11 +165,12 @@ def test_guidance_moves_attention_to_the_querys_own_half():
   config = _small()
   spec = models.get_spec(CONFIG)
   module = spec.build(config.model)
-  params = spec.init_params(config.model, jax.random.key(1))
+  params = _params(config, seed=1)
   batch = _batch(config, seed=1)
   valid = guide_validity(batch)
   own_first = np.broadcast_to([True, False], valid.shape)
 
+  @jax.jit
   def shares(p):
     out = module.apply({'params': p}, batch)
     return {b: out[f'{b}_first_share'] for b in proto_model.BRANCHES}
@@ -222,7 +240,7 @@ def test_every_ablation_builds_trains_a_step_and_changes_what_it_claims(ablation
   config = _small(f'tiny,{ablation}')
   spec = models.get_spec(CONFIG)
   module = spec.build(config.model)
-  params = spec.init_params(config.model, jax.random.key(0))
+  params = _params(config)
   batch = _batch(config)
   rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(1), 3)))
   ctx = LossContext(config, jnp.int32(0), jnp.int32(0))
