@@ -133,7 +133,8 @@ class SlotAttentionPrototypes(nn.Module):
       logits = jnp.einsum('bpd,bld->bpl', query_proj(slot_norm(slots)), keys) / math.sqrt(width)
       share = jax.nn.softmax(logits, axis=1) + self.epsilon  # competition over slots
       share = share * real[:, None, :]
-      attention = share / share.sum(axis=-1, keepdims=True)  # weighted mean over positions
+      # Weighted mean over positions; a video without real positions (padding) gets none.
+      attention = share / jnp.maximum(share.sum(axis=-1, keepdims=True), self.epsilon)
       updates = jnp.einsum('bpl,bld->bpd', attention, values)
       slots, _ = gru(slots, updates)
       slots = slots + mlp_out(nn.relu(mlp_in(mlp_norm(slots))))

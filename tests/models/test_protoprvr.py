@@ -114,6 +114,9 @@ def test_generators_are_invariant_to_padding_and_order(kind):
   support.assert_close(attention.sum(-1), np.ones((2, 5)), 1e-5)  # a1 + a2 = 1 on any split
   assert np.all(np.asarray(attention)[1, :, 6:] == 0)
 
+  empty = layer.apply(variables, feats, np.zeros_like(mask))  # a padding video
+  assert all(np.all(np.isfinite(x)) for x in empty)
+
   garbage = feats.copy()
   garbage[1, 6:] = 100 * rng.normal(size=(4, 16))
   longer = np.concatenate([garbage, rng.normal(size=(2, 5, 16)).astype(np.float32)], axis=1)
