@@ -26,7 +26,7 @@ from prvr_jax.layers.prototypes import GENERATORS
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
 from prvr_jax.models.spec import Batch
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize
+from prvr_jax.ops import l2_normalize, max_similarity
 
 BRANCHES = ('clip', 'frame')
 
@@ -135,7 +135,7 @@ class ProtoPRVR(TwoBranchModel):
             ) -> jax.Array:
     """`[Q, B]`: clip_score_weight * max-prototype cosine (clip) + frame_score_weight * the
     same of the frame branch."""
-    return self._fuse(*(jnp.max(_cosines(queries[b], videos[f'{b}_prototypes']), axis=-1)
+    return self._fuse(*(max_similarity(queries[b], videos[f'{b}_prototypes'], cosine=True)
                         for b in BRANCHES))
 
   def _masked_positions(self, query_mask: jax.Array, deterministic: bool
@@ -175,8 +175,7 @@ class ProtoPRVR(TwoBranchModel):
       protos = prototypes[branch][0]
       cosines[branch] = _cosines(queries[branch], protos)
       out[f'{branch}_scores'] = jnp.max(cosines[branch], axis=-1)
-      out[f'{branch}_logits'] = jnp.max(jnp.einsum('qd,bpd->qbp', queries[branch], protos),
-                                        axis=-1)
+      out[f'{branch}_logits'] = max_similarity(queries[branch], protos, cosine=False)
       out[f'{branch}_prototypes'] = protos
     out['scores'] = self._fuse(out['clip_scores'], out['frame_scores'])
 
