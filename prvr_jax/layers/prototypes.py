@@ -65,43 +65,35 @@ class PrototypeCrossAttention(nn.Module):
     num_heads: attention heads (D must be a multiple).
     iterations: K, the cross-attention block applied K times with shared weights.
     dropout: dropout on the attention probabilities and the block output.
+    latent_transformer: after each cross-attention, a latent transformer layer
+      (self-attention between the prototypes + 4x FFN): `PerceiverPrototypes`.
   """
   num_prototypes: int = 30
   num_heads: int = 4
   iterations: int = 1
   dropout: float = 0.0
-
-  @nn.compact
-  def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
-               deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
-    prototypes = _initial_prototypes(self, feats.shape[0], feats.shape[-1])
-    block = _PrototypeQueriedAttention(self.num_heads, self.dropout, name='cross_attention')
-    content = jnp.zeros_like(prototypes)
-    for _ in range(self.iterations):
-      content, attention = block(content, prototypes, feats, mask, deterministic)
-    return content, attention
-
-
-class PerceiverPrototypes(nn.Module):
-  """Perceiver-style generator (ProtoPRVR Table 6 (a)): each iteration cross-attends to the
-  features, then runs a latent transformer layer (self-attention + 4x FFN) over the
-  prototypes. Same signature and attributes as `PrototypeCrossAttention`."""
-  num_prototypes: int = 30
-  num_heads: int = 4
-  iterations: int = 1
-  dropout: float = 0.0
+  latent_transformer: bool = False
 
   @nn.compact
   def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
                deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
     prototypes = _initial_prototypes(self, feats.shape[0], feats.shape[-1])
     cross = _PrototypeQueriedAttention(self.num_heads, self.dropout, name='cross_attention')
-    latent = AttentionBlockV2(self.num_heads, self.dropout, name='latent_transformer')
+    latent = (AttentionBlockV2(self.num_heads, self.dropout, name='latent_transformer')
+              if self.latent_transformer else None)
     content = jnp.zeros_like(prototypes)
     for _ in range(self.iterations):
       content, attention = cross(content, prototypes, feats, mask, deterministic)
-      content = latent(content, deterministic=deterministic)
+      if latent is not None:
+        content = latent(content, deterministic=deterministic)
     return content, attention
+
+
+class PerceiverPrototypes(PrototypeCrossAttention):
+  """Perceiver-style generator (ProtoPRVR Table 6 (a)): each iteration cross-attends to the
+  features, then runs a latent transformer layer (self-attention + 4x FFN) over the
+  prototypes. Same signature and attributes as `PrototypeCrossAttention`."""
+  latent_transformer: bool = True
 
 
 class SlotAttentionPrototypes(nn.Module):
