@@ -18,7 +18,8 @@ from typing import Any
 
 import ml_collections
 
-VARIANTS = ('synthetic', 'tiny', 'tvr', 'activitynet', 'charades', 'qvhighlights')
+VARIANTS = ('synthetic', 'tiny', 'tvr', 'activitynet', 'charades', 'qvhighlights', 'msrvtt',
+            'msrvtt_features', 'didemo', 'lsmdc')
 
 # The MS-SL feature release: feature folder and input dims per collection; QVHighlights as
 # converted by `prvr_jax.data.qvhighlights` (SlowFast + CLIP clips, CLIP text tokens).
@@ -28,6 +29,12 @@ DATASETS: dict[str, dict[str, Any]] = {
     'charades': dict(visual_feature='i3d_rgb_lgi', visual_dim=1024, query_dim=1024),
     'qvhighlights': dict(visual_feature='slowfast_clip', visual_dim=2816, query_dim=512,
                          text_feature='clip_text'),
+    # Text-video retrieval (T-MASS) on CLIP ViT-B/32 features: 12 frame features per video and
+    # one sentence feature per caption (`prvr_jax.data.text_video`).
+    **{name: dict(visual_feature='clip_frames', visual_dim=512, query_dim=512,
+                  text_feature='clip', collection=collection)
+       for name, collection in (('msrvtt', 'msrvtt'), ('msrvtt_features', 'msrvtt'),
+                                ('didemo', 'didemo'), ('lsmdc', 'lsmdc'))},
 }
 
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
@@ -75,6 +82,7 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
 
   config.optim = ml_collections.ConfigDict()
   config.optim.name = 'bert_adam'  # the model config sets optim.lr
+  config.optim.schedule = 'warmup_linear'
   config.optim.warmup_proportion = 0.01
   config.optim.weight_decay = 0.01
   config.optim.max_grad_norm = 1.0
@@ -106,7 +114,8 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.name = variant if variant in DATASETS else 'synthetic'
   config.data.dir = ''
   config.data.synthetic_size = 'tiny' if variant == 'tiny' else 'default'
-  config.data.collection = variant if variant in DATASETS else 'synthetic'
+  config.data.collection = DATASETS.get(variant, {}).get('collection', variant
+                                                        if variant in DATASETS else 'synthetic')
   config.data.visual_feature = DATASETS.get(variant, {}).get('visual_feature', 'synthetic')
   config.data.text_feature = DATASETS.get(variant, {}).get('text_feature', 'roberta')
   config.data.train_split = 'train'
@@ -229,8 +238,10 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'loss.qdl_alpha': _number(0, low_open=True),
     'loss.hard_pool_size': _integer(1),
     'loss.hard_negative_start_epoch': _integer(0),
-    'optim.name': _choice('bert_adam', 'adamw'),
+    'optim.name': _choice('bert_adam', 'adamw', 'hf_adamw'),
+    'optim.schedule': _choice('warmup_linear', 'warmup_cosine'),
     'optim.lr': _number(0, low_open=True),
+    'optim.backbone_lr': _number(0),
     'optim.warmup_proportion': _warmup,
     'optim.weight_decay': _number(0),
     'train.batch_size': _integer(1),

@@ -1,11 +1,17 @@
-"""Optimisers: the official BertAdam with warmup-linear schedule, and AdamW.
+"""Optimisers: the official BertAdam with warmup-linear schedule, AdamW, and T-MASS's AdamW.
 
 BertAdam (the optimiser of all official PRVR repos) differs from Adam: each
 parameter tensor's gradient is clipped to its own L2 norm, there is no bias
 correction, and weight decay is decoupled and added to the update before the
 learning rate. Weight-decay masks follow optax: True = decayed.
+
+'hf_adamw' is the Hugging Face AdamW that T-MASS (and X-Pool) train with: bias correction
+folded into the step size with eps outside it, decay applied to the already-updated weights,
+per-group learning rates (the CLIP backbone's and the head's), global-norm clipping as
+torch's `clip_grad_norm_`, and a cosine schedule with linear warm-up.
 """
 
+import math
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
@@ -52,6 +58,99 @@ def warmup_linear_schedule(lr: float, warmup_proportion: float,
     return lr * jnp.where(progress < warmup, progress / warmup, decay)
 
   return schedule
+
+
+def warmup_cosine_schedule(lr: float, warmup_proportion: float,
+                           total_steps: int) -> optax.Schedule:
+  """`get_cosine_schedule_with_warmup` of the official T-MASS code, by update count.
+
+  With W = int(warmup_proportion * total_steps): lr * count / max(1, W) for count < W, then
+  lr * max(0, (1 + cos(pi * (count - W) / max(1, total_steps - W))) / 2).
+  """
+  if not 0. <= warmup_proportion < 1.:
+    raise ValueError(f'warmup_cosine_schedule: warmup_proportion must be in [0, 1), got '
+                     f'{warmup_proportion}.')
+  if total_steps <= 0:
+    raise ValueError(f'warmup_cosine_schedule: total_steps must be positive, got {total_steps}.')
+  warmup = int(warmup_proportion * total_steps)
+
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    progress = (count - warmup) / max(1, total_steps - warmup)
+    cosine = jnp.maximum(0., 0.5 * (1. + jnp.cos(math.pi * progress)))
+    return lr * jnp.where(count < warmup, count / max(1, warmup), cosine)
+
+  return schedule
+
+
+SCHEDULES = {'warmup_linear': warmup_linear_schedule, 'warmup_cosine': warmup_cosine_schedule}
+
+
+def clip_by_global_norm_torch(max_norm: float) -> optax.GradientTransformation:
+  """torch's `clip_grad_norm_`: every gradient scaled by min(1, max_norm / (norm + 1e-6)),
+  norm the L2 norm of all gradients together."""
+  def update_fn(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(updates)
+    factor = jnp.minimum(1., max_norm / (norm + 1e-6))
+    return jax.tree.map(lambda g: (g * factor).astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+class ScaleByHfAdamWState(NamedTuple):
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def hf_adamw_updates(learning_rate: optax.Schedule, *, weight_decay: float,
+                     lr_multiplier: Any = None, b1: float = 0.9, b2: float = 0.999,
+                     eps: float = 1e-6) -> optax.GradientTransformation:
+  """The Hugging Face AdamW step (`correct_bias=True`) as complete updates.
+
+  With lr = learning_rate(count) * multiplier (per leaf) and t = count + 1:
+    p' = p - lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+    p'' = p' - lr * weight_decay * p'
+  `lr_multiplier`: pytree like the params of per-leaf factors (None: 1 everywhere).
+  """
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p)
+    return ScaleByHfAdamWState(count=jnp.zeros((), jnp.int32),
+                               mu=jax.tree.map(zeros, params), nu=jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('hf_adamw_updates needs the params (decay acts on the updated weights)')
+    mu = jax.tree.map(lambda m, g: b1 * m + (1. - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1. - b2) * g * g, state.nu, updates)
+    t = (state.count + 1).astype(jnp.float32)
+    correction = jnp.sqrt(1. - b2 ** t) / (1. - b1 ** t)
+    base_lr = learning_rate(state.count)
+    multipliers = (jax.tree.map(lambda _: 1., params) if lr_multiplier is None
+                   else lr_multiplier)
+
+    def step(p, m, v, factor):
+      lr = base_lr * factor
+      stepped = p - lr * correction * m / (jnp.sqrt(v) + eps)
+      return (stepped - lr * weight_decay * stepped - p).astype(p.dtype)
+
+    new_updates = jax.tree.map(step, params, mu, nu, multipliers)
+    return new_updates, ScaleByHfAdamWState(count=state.count + 1, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def clamp_params(upper: Any) -> optax.GradientTransformation:
+  """Updates that leave `min(p + u, upper)` (a pytree like the params; +inf = unbounded), as
+  the official in-place `clamp_` of CLIP's logit scale after each step."""
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('clamp_params needs the params')
+    return jax.tree.map(lambda u, p, hi: jnp.minimum(p + u, hi) - p, updates, params,
+                        upper), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def clip_by_tensor_norm(max_norm: float,
@@ -151,14 +250,23 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
   return opt
 
 
+def make_schedule(config_optim: Any, total_steps: int) -> optax.Schedule:
+  """The lr schedule of `config.optim` (`schedule`: 'warmup_linear' by default)."""
+  name = config_optim.get('schedule', 'warmup_linear')
+  if name not in SCHEDULES:
+    raise ValueError(f'config.optim.schedule={name!r}; expected one of {sorted(SCHEDULES)}')
+  return SCHEDULES[name](config_optim.lr, config_optim.warmup_proportion, total_steps)
+
+
 def make_optimizer(config_optim: Any, total_steps: int,
                    weight_decay_mask: Optional[MaskOrFn] = None,
-                   stacked: Optional[MaskOrFn] = None) -> optax.GradientTransformation:
+                   stacked: Optional[MaskOrFn] = None, lr_multiplier: Any = None,
+                   upper_bounds: Any = None) -> optax.GradientTransformation:
   """Builds the optimiser of `config.optim`.
 
   Args:
-    config_optim: `config.optim` with `name` ('bert_adam' | 'adamw'), `lr`,
-      `warmup_proportion`, `weight_decay`, `max_grad_norm`.
+    config_optim: `config.optim` with `name` ('bert_adam' | 'adamw' | 'hf_adamw'), `lr`,
+      `schedule`, `warmup_proportion`, `weight_decay`, `max_grad_norm`.
     total_steps: planned number of updates (the official t_total).
     weight_decay_mask: the mask for 'bert_adam' (from the rules the model
       declares, `ModelSpec.weight_decay_mask`); None = `default_decay_mask`.
@@ -166,10 +274,24 @@ def make_optimizer(config_optim: Any, total_steps: int,
       any LayerNorm parameter).
     stacked: for 'bert_adam', the leaves clipped per leading-axis slice
       (`ModelSpec.stacked_mask`).
+    lr_multiplier: for 'hf_adamw', per-leaf lr factors (the backbone group's
+      `backbone_lr / lr`).
+    upper_bounds: per-leaf maxima the weights are clamped to after each update (None: none).
   """
-  schedule = warmup_linear_schedule(config_optim.lr,
-                                    config_optim.warmup_proportion, total_steps)
+  schedule = make_schedule(config_optim, total_steps)
   name = config_optim.name
+  if name == 'hf_adamw':
+    parts = []
+    if config_optim.max_grad_norm > 0:
+      parts.append(clip_by_global_norm_torch(config_optim.max_grad_norm))
+    parts.append(hf_adamw_updates(schedule, weight_decay=config_optim.weight_decay,
+                                  lr_multiplier=lr_multiplier,
+                                  eps=config_optim.get('eps', 1e-6)))
+    if upper_bounds is not None:
+      parts.append(clamp_params(upper_bounds))
+    return optax.chain(*parts)
+  if upper_bounds is not None:
+    raise ValueError(f"config.optim.name={name!r} does not clamp weights; use 'hf_adamw'")
   if name == 'bert_adam':
     return bert_adam(
         schedule, weight_decay=config_optim.weight_decay,
@@ -180,4 +302,4 @@ def make_optimizer(config_optim: Any, total_steps: int,
     return adamw(schedule, weight_decay=config_optim.weight_decay,
                  max_grad_norm=config_optim.max_grad_norm)
   raise ValueError(
-      f"config.optim.name must be 'bert_adam' or 'adamw', got {name!r}.")
+      f"config.optim.name must be 'bert_adam', 'adamw' or 'hf_adamw', got {name!r}.")

@@ -70,6 +70,11 @@ class Spec:
   frame_noise: float = 0.8
   word_noise: float = 1.0
   sentence_context: float = 0.3
+  # True: a CLIP-like joint space, frames `W_v h + noise` and query tokens `W_v h` (one linear
+  # projection, no nonlinearity), so raw cosines between text and frames are meaningful.
+  joint_space: bool = False
+  num_clips: int = preprocess.NUM_CLIPS           # the shards' clip and frame lengths
+  max_frames: int = preprocess.MAX_FRAMES
 
   def __post_init__(self):
     if len(self.num_videos) != 3 or min(self.num_videos) < 1:
@@ -83,6 +88,9 @@ class Spec:
       raise ValueError('every video needs at least one frame, moment and query')
     if not (0 < self.moment_ratio[0] and self.moment_ratio[1] <= 1):
       raise ValueError(f'moment_ratio={self.moment_ratio} must lie in (0, 1]')
+    if self.joint_space and self.visual_dim != self.query_dim:
+      raise ValueError(f'a joint space needs visual_dim == query_dim, got {self.visual_dim} '
+                       f'and {self.query_dim}')
 
 
 SIZES = {
@@ -90,6 +98,18 @@ SIZES = {
     'tiny': Spec(num_videos=(24, 8, 12), latent_dim=16, num_concepts=24, num_scenes=6,
                  num_function_words=12, num_distractors=6, frames=(12, 160)),
     'default': Spec(num_videos=(1200, 200, 400)),
+    # Text-video retrieval (T-MASS): 12 frames and one caption per video in a joint space; the
+    # caption names one of the video's 2-3 events.
+    'text_video': Spec(num_videos=(1600, 200, 500), visual_dim=128, query_dim=128,
+                       frames=(12, 12), moments_per_video=(2, 3), distractors_per_video=(0, 1),
+                       queries_per_video=(1, 1), moment_ratio=(0.15, 0.4), joint_space=True,
+                       num_clips=12, max_frames=12),
+    'text_video_tiny': Spec(num_videos=(24, 8, 12), visual_dim=32, query_dim=32, latent_dim=16,
+                            num_concepts=24, num_scenes=6, num_function_words=12,
+                            num_distractors=6, frames=(12, 12), moments_per_video=(2, 3),
+                            distractors_per_video=(0, 1), queries_per_video=(1, 1),
+                            moment_ratio=(0.15, 0.4), joint_space=True, num_clips=12,
+                            max_frames=12),
 }
 
 
@@ -215,11 +235,17 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
         data.captions.append((cap_id, text))
         data.caption_features[cap_id] = tokens
         data.moments[cap_id] = (start * spec.seconds_per_frame, end * spec.seconds_per_frame, duration)
-    frames = _project(list(data.videos.values()), lambda h: np.maximum(
-        h.astype(np.float32) @ world.w_visual.astype(np.float32) + world.b_visual
-        + rng.standard_normal((len(h), spec.visual_dim), np.float32) * spec.frame_noise, 0))
+    w_visual = world.w_visual.astype(np.float32)
+    noise = lambda n: rng.standard_normal((n, spec.visual_dim), np.float32) * spec.frame_noise
+    if spec.joint_space:
+      frames = _project(list(data.videos.values()),
+                        lambda h: h.astype(np.float32) @ w_visual + noise(len(h)))
+      tokens = _project(list(data.caption_features.values()), lambda h: h @ world.w_visual)
+    else:
+      frames = _project(list(data.videos.values()), lambda h: np.maximum(
+          h.astype(np.float32) @ w_visual + world.b_visual + noise(len(h)), 0))
+      tokens = _project(list(data.caption_features.values()), lambda h: np.tanh(h @ world.w_query))
     data.videos = dict(zip(data.videos, frames))
-    tokens = _project(list(data.caption_features.values()), lambda h: np.tanh(h @ world.w_query))
     data.caption_features = dict(zip(data.caption_features, tokens))
     # Caption files are not grouped by video (the order the eval pipeline must restore).
     order = rng.permutation(len(data.captions))
@@ -291,6 +317,7 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
                            visual_feature=None if clip else VISUAL_FEATURE,
                            text_feature=text_feature, splits=_SPLITS,
                            max_query_len=1 if clip else preprocess.MAX_QUERY_LEN,
+                           num_clips=spec.num_clips, max_frames=spec.max_frames,
                            visual_dim=spec.visual_dim, query_dim=spec.query_dim,
                            num_shards=num_shards)
   finally:

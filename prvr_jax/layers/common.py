@@ -1,4 +1,4 @@
-"""Dropout, input projection, trainable positional encoding and attention pooling."""
+"""Input projection, trainable positional encoding, attention pooling, an identity init."""
 
 import flax.linen as nn
 import jax
@@ -8,6 +8,13 @@ from prvr_jax.layers.attention import Dropout, dense, dense_init, layer_norm
 
 # `mask_logits` of the official code: masked positions get this logit before the softmax.
 POOLING_MASKED_LOGIT = -1e10
+
+
+def identity_kernel(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+  """`torch.nn.init.eye_` of a Linear weight as a Dense kernel `[in, out]` (its transpose is
+  `eye(in, out)` as well)."""
+  del key
+  return jnp.eye(*shape, dtype=dtype)
 
 
 class InputProjection(nn.Module):

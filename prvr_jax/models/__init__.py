@@ -16,8 +16,9 @@ from prvr_jax.models.ms_sl import MSSL
 from prvr_jax.models.protoprvr import ProtoPRVR
 from prvr_jax.models.registry import get_model, get_spec, names, register, unregister
 from prvr_jax.models.spec import LossContext, ModelSpec, OfficialCheckpoint, count_params
+from prvr_jax.models.tmass import TMASS
 
 __all__ = ['AMDNet', 'GMMFormer', 'GMMFormerV2', 'LossContext', 'MSSL', 'ModelSpec',
-           'OfficialCheckpoint', 'ProtoPRVR',
+           'OfficialCheckpoint', 'ProtoPRVR', 'TMASS',
            'count_params', 'example_batch', 'get_model', 'get_spec', 'names', 'random_batch',
            'register', 'unregister']

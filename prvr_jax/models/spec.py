@@ -108,6 +108,10 @@ class ModelSpec:
     example_batch: `(config.model, num_videos, queries_per_video) ->` a training batch of
       zeros with the model's input keys and shapes.
     video_inputs, query_inputs: the keys of a video / query batch the model reads.
+    backbone: regexes on parameter paths trained at `config.optim.backbone_lr` (a pretrained
+      backbone's group; 'hf_adamw' only).
+    upper_bounds: `(regex, maximum)` pairs: matching weights are clamped to the maximum after
+      every update (CLIP's logit scale); 'hf_adamw' only.
   """
   name: str
   module: type[nn.Module]
@@ -123,6 +127,8 @@ class ModelSpec:
   example_batch: Callable[..., dict[str, np.ndarray]] = batch_lib.example_batch
   video_inputs: tuple[str, ...] = batch_lib.VIDEO_INPUTS
   query_inputs: tuple[str, ...] = batch_lib.QUERY_INPUTS
+  backbone: tuple[str, ...] = ()
+  upper_bounds: tuple[tuple[str, float], ...] = ()
 
   def build(self, config_model: Any) -> nn.Module:
     """The module with the fields of `config.model` it declares (others keep defaults)."""
@@ -159,6 +165,16 @@ class ModelSpec:
   def weight_decay_mask(self, params: Params) -> Any:
     """True where weight decay applies (every leaf not matched by `no_decay`)."""
     return jax.tree.map(lambda exempt: not exempt, match_paths(params, self.no_decay))
+
+  def upper_bound_tree(self, params: Params) -> Any:
+    """Per-leaf maximum of `upper_bounds` (+inf where none applies), or None without bounds."""
+    if not self.upper_bounds:
+      return None
+    def bound(path, _):
+      name = path_of(path)
+      return min((hi for pattern, hi in self.upper_bounds if re.search(pattern, name)),
+                 default=math.inf)
+    return jax.tree_util.tree_map_with_path(bound, params)
 
   def stacked_mask(self, params: Params) -> Any:
     """True where the leaf's leading axis stacks separate tensors (`stacked`)."""

@@ -12,7 +12,7 @@ import optax
 from prvr_jax import optim
 from prvr_jax import parallel
 from prvr_jax.models import registry
-from prvr_jax.models.spec import ModelSpec
+from prvr_jax.models.spec import ModelSpec, match_paths
 
 
 class TrainState(struct.PyTreeNode):
@@ -27,16 +27,21 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimiser of `config.optim` for `total_steps` updates, and its lr schedule.
 
-  The weight-decay mask and BertAdam's per-tensor clipping groups come from the rules the
-  model declares (`ModelSpec.no_decay`, `ModelSpec.stacked`) applied to its parameter tree.
+  The weight-decay mask, BertAdam's per-tensor clipping groups, the backbone's lr group
+  (`config.optim.backbone_lr`) and the clamped weights come from the rules the model declares
+  (`ModelSpec.no_decay`, `stacked`, `backbone`, `upper_bounds`) applied to its parameter tree.
   """
   spec = registry.get_spec(config.model)
   shapes = spec.param_shapes(config.model)
+  lr_multiplier = None
+  if spec.backbone:
+    ratio = config.optim.get('backbone_lr', config.optim.lr) / config.optim.lr
+    lr_multiplier = jax.tree.map(lambda in_backbone: ratio if in_backbone else 1.,
+                                 match_paths(shapes, spec.backbone))
   tx = optim.make_optimizer(config.optim, total_steps, spec.weight_decay_mask(shapes),
-                            spec.stacked_mask(shapes))
-  schedule = optim.warmup_linear_schedule(config.optim.lr, config.optim.warmup_proportion,
-                                          total_steps)
-  return tx, schedule
+                            spec.stacked_mask(shapes), lr_multiplier=lr_multiplier,
+                            upper_bounds=spec.upper_bound_tree(shapes))
+  return tx, optim.make_schedule(config.optim, total_steps)
 
 
 def _init_fn(config: ml_collections.ConfigDict, spec: ModelSpec,

@@ -66,9 +66,9 @@ def test_encode_score_and_training_scores_agree(model):
                           method='encode_videos')
     queries = module.apply(variables, {k: batch[k] for k in spec.query_inputs},
                            method='encode_queries')
-    scores = module.apply(variables, queries, videos, method='score',
-                          rngs=_rngs(spec.score_rng_streams))
-    return videos, queries, scores, module.apply(variables, batch)
+    score_rngs = _rngs(spec.score_rng_streams)
+    scores = module.apply(variables, queries, videos, method='score', rngs=score_rngs)
+    return videos, queries, scores, module.apply(variables, batch, rngs=score_rngs)
 
   videos, queries, scores, outputs = run(params, batch)
   num_videos, num_queries = len(FRAME_LENGTHS), len(QUERY_LENGTHS)

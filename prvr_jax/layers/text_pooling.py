@@ -1,0 +1,54 @@
+"""X-Pool's text-conditioned frame pooling (Gorti et al., CVPR 2022), as T-MASS codes it.
+
+  a   = LN2(out_proj(Attention(q = q_proj(LN1(t)), k = k_proj(LN1(f)), v = v_proj(LN1(f)))))
+  out = LN3(a + Dropout(linear_proj(a)))
+
+One LayerNorm (LN1) is shared by the text and the frames; the softmax runs over a video's
+frames; every projection starts as the identity with a zero bias. Every video is pooled once
+per query: `[Q, D]` texts and `[B, F, D]` frames give `[Q, B, D]`.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from prvr_jax.layers.attention import LAYER_NORM_EPS, Dropout
+from prvr_jax.layers.common import identity_kernel
+
+
+def _identity_dense(features: int, name: str) -> nn.Dense:
+  return nn.Dense(features, kernel_init=identity_kernel, name=name)
+
+
+class TextConditionedPooling(nn.Module):
+  """texts `[Q, D]`, frames `[B, F, D]` -> each video pooled by each text `[Q, B, D]`.
+
+  `frame_mask` `[B, F]` (1 = real frame) keeps padded frames out of the softmax.
+  """
+  features: int
+  num_heads: int = 1
+  dropout: float = 0.3
+
+  @nn.compact
+  def __call__(self, texts: jax.Array, frames: jax.Array, frame_mask: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    d, h = self.features, self.num_heads
+    if d % h:
+      raise ValueError(f'TextConditionedPooling: features={d} is not a multiple of '
+                       f'num_heads={h}')
+    shared_norm = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm1')
+    texts, frames = shared_norm(texts), shared_norm(frames)
+    q = _identity_dense(d, 'q_proj')(texts).reshape(texts.shape[0], h, d // h)
+    k = _identity_dense(d, 'k_proj')(frames).reshape(*frames.shape[:2], h, d // h)
+    v = _identity_dense(d, 'v_proj')(frames).reshape(*frames.shape[:2], h, d // h)
+    logits = jnp.einsum('qhc,bfhc->qbhf', q, k) / math.sqrt(d // h)
+    if frame_mask is not None:
+      logits = jnp.where(frame_mask[None, :, None, :] > 0, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits, axis=-1)
+    attended = jnp.einsum('qbhf,bfhc->qbhc', weights, v).reshape(texts.shape[0], -1, d)
+    attended = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm2')(
+        _identity_dense(d, 'out_proj')(attended))
+    residual = Dropout(self.dropout)(_identity_dense(d, 'linear_proj')(attended), deterministic)
+    return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm3')(attended + residual)

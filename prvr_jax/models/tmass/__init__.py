@@ -1,0 +1,26 @@
+"""T-MASS (Wang et al., CVPR 2024, "Text Is MASS: Modeling as Stochastic Embedding for
+Text-Video Retrieval"): model, objective, registry entry, with the evaluation of the paper's
+Eq. 10 (the released evaluation leaks the ground truth: docs/tmass.md).
+
+Parameters (`jax.eval_shape`, configs/tmass.py): the head on 512-d CLIP features with 12
+frames holds 1,323,009: X-Pool pooling 1,316,352, the similarity-aware radius 6,656 and the
+logit scale 1. Stored per video: its 12 frame features and its key, 24,580 bytes.
+"""
+
+from prvr_jax.models.spec import ModelSpec
+from prvr_jax.models.tmass.model import MAX_LOGIT_SCALE, TMASS
+from prvr_jax.models.tmass.objective import objective
+
+SPEC = ModelSpec(
+    name='tmass', module=TMASS, objective=objective, rng_streams=('dropout', 'sampling'),
+    score_rng_streams=('sampling',),
+    # The official optimiser decays every parameter (weight decay 0.2).
+    no_decay=(),
+    # X-Pool's key bias is added to every frame's logit alike: softmax ignores it.
+    gradient_free=(r'^pool/k_proj/bias$',),
+    video_inputs=('clip_feats', 'video_index'), query_inputs=('query_feats',),
+    # CLIP's logit scale belongs to the CLIP group (lr 1e-6) and is clamped to ln 100.
+    backbone=(r'^logit_scale$',), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
+    param_counts={'msrvtt_features': 1_323_009})
+
+__all__ = ['SPEC', 'TMASS', 'objective']
