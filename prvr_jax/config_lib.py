@@ -109,6 +109,10 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.eval.matmul_precision = 'float32'
   # Moment-to-video groups for SumR by M/V (the GMMFormer papers' bins).
   config.eval.mv_groups = ((0.0, 0.25), (0.25, 0.5), (0.5, 1.0))
+  # Models that sample at evaluation (T-MASS) draw their noise from this seed.
+  config.eval.score_seed = 0
+  # Also report the metrics after DSL re-ranking (`dsl_*`; transductive, off by default).
+  config.eval.dual_softmax = False
 
   config.data = ml_collections.ConfigDict()
   config.data.name = variant if variant in DATASETS else 'synthetic'
@@ -257,6 +261,8 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'eval.video_batch_size': _integer(1),
     'eval.matmul_precision': _choice(*MATMUL_PRECISIONS),
     'eval.mv_groups': _mv_groups,
+    'eval.score_seed': _integer(0),
+    'eval.dual_softmax': _flag,
     'data.shuffle_buffer': _integer(1),
     'data.max_queries_per_batch': _integer(0),
     'data.skip_bad_items': _flag,

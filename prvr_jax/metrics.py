@@ -80,6 +80,16 @@ def recalls(rank: np.ndarray, ks: Sequence[int] = RECALL_KS,
   return out
 
 
+def rank_statistics(rank: np.ndarray, prefix: str = '') -> dict[str, float]:
+  """R@50 and the median / mean rank (MdR / MnR, 1-based), the text-video retrieval papers'
+  extra columns: {'r50', 'medr', 'meanr'} (NaN ranks for an empty input)."""
+  rank = np.asarray(rank)
+  empty = rank.size == 0
+  return {f'{prefix}r50': float(100.0 * np.sum(rank <= 50) / max(rank.size, 1)),
+          f'{prefix}medr': float('nan') if empty else float(np.median(rank)),
+          f'{prefix}meanr': float('nan') if empty else float(np.mean(rank))}
+
+
 def moment_ratio(spans: np.ndarray, durations: np.ndarray) -> np.ndarray:
   """`[N]` moment length / video length in [0, 1]; NaN where unknown.
 
@@ -124,6 +134,15 @@ def _check_scores(scores: np.ndarray, query_video: np.ndarray) -> tuple[np.ndarr
   return scores, query_video
 
 
+def dual_softmax(scores: np.ndarray, temperature: float = 100.0) -> np.ndarray:
+  """DSL re-ranking (Cheng et al., 2021) as the T-MASS code applies it: `S * softmax(t * S)`
+  over the query axis (rows). Transductive: every score then depends on all the queries."""
+  scores = np.asarray(scores, np.float64)
+  logits = temperature * scores
+  weights = np.exp(logits - logits.max(axis=0, keepdims=True))
+  return (scores * weights / weights.sum(axis=0, keepdims=True)).astype(np.float32)
+
+
 def summarize(t2v_ranks: np.ndarray, v2t_ranks: np.ndarray, num_videos: int,
               moment_ratio: np.ndarray | None = None,
               mv_groups: Sequence[tuple[float, float]] = DEFAULT_MV_GROUPS) -> dict[str, float]:
@@ -132,6 +151,8 @@ def summarize(t2v_ranks: np.ndarray, v2t_ranks: np.ndarray, num_videos: int,
   num_queries = len(t2v_ranks)
   out = recalls(t2v_ranks)
   out.update(recalls(v2t_ranks, prefix='v2t_'))
+  out.update(rank_statistics(t2v_ranks))
+  out.update(rank_statistics(v2t_ranks, prefix='v2t_'))
   out['num_queries'] = num_queries
   out['num_videos'] = num_videos
   if moment_ratio is not None:
@@ -163,8 +184,9 @@ def retrieval_metrics(scores: np.ndarray, query_video: np.ndarray,
     mv_groups: the `(lo, hi]` groups.
 
   Returns:
-    Flat dict: t2v `r1, r5, r10, r100, sumr`; v2t `v2t_r1, ..., v2t_sumr` (a video's
-    rank is that of its best-ranked query; videos without a query are skipped);
+    Flat dict: t2v `r1, r5, r10, r100, sumr` and `r50, medr, meanr`; v2t `v2t_r1, ...,
+    v2t_sumr, v2t_r50, v2t_medr, v2t_meanr` (a video's rank is that of its best-ranked query;
+    videos without a query are skipped);
     `num_queries`, `num_videos`.
   """
   return summarize(text_to_video_ranks(scores, query_video),

@@ -30,7 +30,8 @@ import numpy as np
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
 from prvr_jax.files import short
-from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY
+from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY, VIDEO_SEED
+from prvr_jax.eval.splits import video_seeds
 from prvr_jax.models import registry
 
 
@@ -81,17 +82,20 @@ class Evaluator:
 
   Build once and reuse (e.g. every epoch): the jitted functions compile once per batch
   shape. Matmuls run at `matmul_precision` (float32 by default: the official scores; no TF32
-  on GPUs); SumR is also reported per moment-to-video group of `mv_groups`.
+  on GPUs); SumR is also reported per moment-to-video group of `mv_groups`. Models that sample
+  at evaluation draw from `score_seed`. `dual_softmax=True` adds the metrics of the DSL
+  re-ranked matrix as `dsl_*` (transductive: reported apart, never the headline numbers).
   """
 
   def __init__(self, config_model: Any, mesh: Mesh, video_batch_size: int,
                query_batch_size: int, matmul_precision: str = 'float32',
                mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS,
-               score_seed: int = 0):
+               score_seed: int = 0, dual_softmax: bool = False):
     self.spec = registry.get_spec(config_model)
     self.official_chunks = self.spec.encoding_depends_on_batch(config_model)
     module = self.spec.build(config_model)
     self.mesh = mesh
+    self.dual_softmax = dual_softmax
     self.mv_groups = tuple(tuple(g) for g in mv_groups)
     self.video_batch_size = video_batch_size
     self.video_rows = parallel.round_up(video_batch_size, jax.device_count())
@@ -126,7 +130,9 @@ class Evaluator:
   def from_config(cls, config: Any, mesh: Mesh) -> 'Evaluator':
     """The evaluator of `config.model` and `config.eval` (batch sizes, precision, M/V groups)."""
     return cls(config.model, mesh, config.eval.video_batch_size, config.eval.query_batch_size,
-               config.eval.matmul_precision, config.eval.mv_groups)
+               config.eval.matmul_precision, config.eval.mv_groups,
+               score_seed=config.eval.get('score_seed', 0),
+               dual_softmax=config.eval.get('dual_softmax', False))
 
   def _device_rows(self, batch: Mapping[str, np.ndarray], inputs: Sequence[str], key: str,
                    rows: int) -> tuple[dict[str, jax.Array], np.ndarray]:
@@ -165,7 +171,10 @@ class Evaluator:
 
   def evaluate(self, params: Any, data: EvalSplit) -> EvalResult:
     """Encodes the gallery, ranks every query, computes the metrics of one split."""
-    gallery = self.encode_gallery(params, data.video_batches())
+    seeds = video_seeds(data.video_ids)
+    gallery = self.encode_gallery(params, (
+        {**batch, VIDEO_SEED: seeds[np.maximum(np.asarray(batch[VIDEO_KEY]), 0)]}
+        for batch in data.video_batches()))
     num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
     columns = gallery.keys >= 0
     video_keys = gallery.keys[columns]
@@ -201,6 +210,10 @@ class Evaluator:
                        f'{short([data.caption_ids[i] for i in missing[:3]])}).')
     v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
     metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio, self.mv_groups)
+    if self.dual_softmax:
+      reranked = metrics_lib.dual_softmax(scores)
+      metrics.update({f'dsl_{k}': v for k, v in metrics_lib.retrieval_metrics(
+          reranked, ground_truth).items() if not k.startswith('num_')})
     return EvalResult(metrics, scores, ranks)
 
 

@@ -8,6 +8,7 @@ these keys only, so the order of the batches does not matter.
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,15 @@ from prvr_jax.data import pipeline
 VIDEO_KEY = 'video_index'
 QUERY_KEY = 'query_index'
 GROUND_TRUTH_KEY = 'query_video_index'
+# A stable int32 of each video's id, for models whose scores draw noise per video (T-MASS):
+# unlike the key, it does not change when the split holds other videos.
+VIDEO_SEED = 'video_seed'
+
+
+def video_seeds(video_ids: Sequence[str]) -> np.ndarray:
+  """`[Nv]` int32 seed of each video id: the first 31 bits of its SHA-256."""
+  return np.array([int.from_bytes(hashlib.sha256(v.encode()).digest()[:4], 'little')
+                   & 0x7FFFFFFF for v in video_ids], np.int32)
 
 
 @dataclasses.dataclass

@@ -75,7 +75,7 @@ def test_initialisation_is_the_official_one():
   expected = _head_params(sd, '', '', np.log(100.0))
   ours = jax.jit(lambda k: TMASS(hidden_dim=D, num_frames=F).init(
       {'params': k}, {'clip_feats': jnp.zeros((2, F, D)), 'query_feats': jnp.zeros((2, 1, D)),
-                      'video_index': jnp.arange(2)})['params'])(jax.random.key(0))
+                      'video_seed': jnp.arange(2)})['params'])(jax.random.key(0))
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(ours), expected)
 
 

@@ -18,7 +18,7 @@ SPEC = ModelSpec(
     no_decay=(),
     # X-Pool's key bias is added to every frame's logit alike: softmax ignores it.
     gradient_free=(r'^pool/k_proj/bias$',),
-    video_inputs=('clip_feats', 'video_index'), query_inputs=('query_feats',),
+    video_inputs=('clip_feats', 'video_seed'), query_inputs=('query_feats',),
     # CLIP's logit scale belongs to the CLIP group (lr 1e-6) and is clamped to ln 100.
     backbone=(r'^logit_scale$',), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
     param_counts={'msrvtt_features': 1_323_009})

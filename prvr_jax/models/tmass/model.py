@@ -71,9 +71,10 @@ class TMASS(nn.Module):
     return clip_feats
 
   def encode_videos(self, videos: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """`{'frames': [B, F, D], 'key': [B] int32}`: the key draws the video's noise bank."""
+    """`{'frames': [B, F, D], 'key': [B] int32}`: the key (`video_seed`, a hash of the video
+    id) draws the video's noise bank."""
     return {'frames': self._frames(videos['clip_feats']),
-            'key': videos['video_index'].astype(jnp.int32)}
+            'key': videos['video_seed'].astype(jnp.int32)}
 
   def encode_queries(self, queries: dict[str, jax.Array]) -> jax.Array:
     """`[Q, D]` text features (the first token of `query_feats`)."""
