@@ -92,6 +92,7 @@ class Evaluator:
                mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS,
                score_seed: int = 0, dual_softmax: bool = False):
     self.spec = registry.get_spec(config_model)
+    self.video_inputs, self.query_inputs = self.spec.inputs(config_model)
     self.official_chunks = self.spec.encoding_depends_on_batch(config_model)
     module = self.spec.build(config_model)
     self.mesh = mesh
@@ -150,7 +151,7 @@ class Evaluator:
     """Encodes every video batch (global view on every host) into one sharded gallery."""
     chunks, keys = [], []
     for i, batch in enumerate(video_batches):
-      inputs, chunk_keys = self._device_rows(batch, self.spec.video_inputs, VIDEO_KEY,
+      inputs, chunk_keys = self._device_rows(batch, self.video_inputs, VIDEO_KEY,
                                              self.video_rows)
       if self.official_chunks:
         real = chunk_keys[chunk_keys >= 0]
@@ -187,7 +188,7 @@ class Evaluator:
     ranks = np.zeros((num_queries,), np.int64)
     ground_truth = np.full((num_queries,), -1, np.int64)
     for batch in data.query_batches():
-      inputs, rows = self._device_rows(batch, self.spec.query_inputs, QUERY_KEY,
+      inputs, rows = self._device_rows(batch, self.query_inputs, QUERY_KEY,
                                        self.query_rows)
       gt = parallel.pad_rows(np.asarray(batch[GROUND_TRUTH_KEY], np.int64), self.query_rows,
                              value=-1)

@@ -108,6 +108,8 @@ class ModelSpec:
     example_batch: `(config.model, num_videos, queries_per_video) ->` a training batch of
       zeros with the model's input keys and shapes.
     video_inputs, query_inputs: the keys of a video / query batch the model reads.
+    input_keys: `config.model -> (video_inputs, query_inputs)` for a model whose inputs depend
+      on its config (T-MASS on features or on pixels and tokens); None: the fields above.
     backbone: regexes on parameter paths trained at `config.optim.backbone_lr` (a pretrained
       backbone's group; 'hf_adamw' only).
     upper_bounds: `(regex, maximum)` pairs: matching weights are clamped to the maximum after
@@ -127,8 +129,15 @@ class ModelSpec:
   example_batch: Callable[..., dict[str, np.ndarray]] = batch_lib.example_batch
   video_inputs: tuple[str, ...] = batch_lib.VIDEO_INPUTS
   query_inputs: tuple[str, ...] = batch_lib.QUERY_INPUTS
+  input_keys: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
   backbone: tuple[str, ...] = ()
   upper_bounds: tuple[tuple[str, float], ...] = ()
+
+  def inputs(self, config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(video inputs, query inputs): the batch keys `config.model`'s module reads."""
+    if self.input_keys is not None:
+      return self.input_keys(config_model)
+    return self.video_inputs, self.query_inputs
 
   def build(self, config_model: Any) -> nn.Module:
     """The module with the fields of `config.model` it declares (others keep defaults)."""
@@ -150,7 +159,7 @@ class ModelSpec:
     """What `encode_videos` keeps per video: 'a/b' path -> shape and dtype of one video's part."""
     module = self.build(config_model)
     batch = self.example_batch(config_model, num_videos=1)
-    videos = {k: batch[k] for k in self.video_inputs}
+    videos = {k: batch[k] for k in self.inputs(config_model)[0]}
     stored = jax.eval_shape(
         lambda params: module.apply({'params': params}, videos, method='encode_videos'),
         self.param_shapes(config_model))

@@ -215,3 +215,35 @@ def test_noise_bank_depends_only_on_the_video_key(prior):
   assert not np.array_equal(bank[0], bank[1])
   if prior == 'uniform01':
     assert float(bank.min()) >= 0 and float(bank.max()) < 1
+
+
+def test_end_to_end_backbone_trains_clip_and_takes_clip_weights():
+  from prvr_jax import clip  # pylint: disable=g-import-not-at-top
+  from prvr_jax.models import registry, tmass  # pylint: disable=g-import-not-at-top
+  from prvr_jax.models.spec import LossContext  # pylint: disable=g-import-not-at-top
+  config = support.load_config('tmass', 'tiny')
+  config.model.update(backbone='tiny', num_frames=3)
+  spec = registry.get_spec(config.model)
+  assert spec.inputs(config.model) == (('frames', 'video_seed'), ('tokens',))
+  module = spec.build(config.model)
+  batch = spec.example_batch(config.model, num_videos=3)
+  rng = np.random.default_rng(0)
+  batch['frames'] = rng.normal(size=batch['frames'].shape).astype(np.float32)
+  batch['tokens'][:, 2:5] = rng.integers(1, 60, size=(3, 3))
+  # CLIP weights (another init) drop into the model's visual/text/logit_scale.
+  clip_params = jax.jit(lambda k: clip.CLIP(tmass.model.BACKBONES['tiny']).init(
+      k, *clip.model.example_inputs(tmass.model.BACKBONES['tiny']))['params'])(jax.random.key(5))
+  params = tmass.with_clip_weights(
+      jax.jit(lambda k: spec.init_params(config.model, k))(jax.random.key(0)), clip_params)
+  np.testing.assert_array_equal(params['visual']['proj']['kernel'],
+                                clip_params['visual']['proj']['kernel'])
+  ctx = LossContext(config=config, epoch=jnp.int32(0), step=jnp.int32(0))
+  rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(1), 2)))
+  (loss, _), grads = jax.jit(jax.value_and_grad(
+      lambda p: spec.objective(module, p, batch, rngs, ctx), has_aux=True))(params)
+  assert np.isfinite(loss)
+  for tower in ('visual', 'text'):
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads[tower])) > 0, tower
+  bad = {**clip_params, 'visual': {**clip_params['visual'], 'proj': {'kernel': np.zeros((3, 3))}}}
+  with pytest.raises(ValueError, match='visual'):
+    tmass.with_clip_weights(params, bad)

@@ -8,7 +8,8 @@ logit scale 1. Stored per video: its 12 frame features and its key, 24,580 bytes
 """
 
 from prvr_jax.models.spec import ModelSpec
-from prvr_jax.models.tmass.model import MAX_LOGIT_SCALE, TMASS
+from prvr_jax.models.tmass.model import MAX_LOGIT_SCALE, TMASS, example_batch, input_keys
+from prvr_jax.models.tmass.model import with_clip_weights
 from prvr_jax.models.tmass.objective import objective
 
 SPEC = ModelSpec(
@@ -19,8 +20,10 @@ SPEC = ModelSpec(
     # X-Pool's key bias is added to every frame's logit alike: softmax ignores it.
     gradient_free=(r'^pool/k_proj/bias$',),
     video_inputs=('clip_feats', 'video_seed'), query_inputs=('query_feats',),
-    # CLIP's logit scale belongs to the CLIP group (lr 1e-6) and is clamped to ln 100.
-    backbone=(r'^logit_scale$',), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
+    input_keys=input_keys, example_batch=example_batch,
+    # CLIP (its towers and logit scale) is the backbone group (lr 1e-6); the logit scale is
+    # clamped to ln 100.
+    backbone=(r'^logit_scale$', r'^(visual|text)/'), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
     param_counts={'msrvtt_features': 1_323_009})
 
-__all__ = ['SPEC', 'TMASS', 'objective']
+__all__ = ['SPEC', 'TMASS', 'objective', 'with_clip_weights']

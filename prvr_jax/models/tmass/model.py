@@ -1,8 +1,12 @@
 """T-MASS (Wang et al., CVPR 2024): X-Pool pooling plus a stochastic text embedding.
 
-Inputs (frozen CLIP features, the release layout of `prvr_jax.data.text_video`): a video is its
-`num_frames` sampled CLIP frame features `clip_feats [B, F, D]`, a caption its CLIP text
-feature `query_feats [Q, 1, D]` (the projected end-of-text token, not normalised).
+Inputs, `backbone=''` (frozen CLIP features, the release layout of `prvr_jax.data.text_video`):
+a video is its `num_frames` sampled CLIP frame features `clip_feats [B, F, D]`, a caption its
+CLIP text feature `query_feats [Q, 1, D]` (the projected end-of-text token, not normalised).
+`backbone='ViT-B/32'` (or 'ViT-B/16', 'tiny'): CLIP is part of the model and fine-tuned end to
+end; a video is `frames [B, F, S, S, 3]` (CLIP-preprocessed pixels), a caption `tokens [Q, C]`.
+The CLIP towers' parameters are `visual/...`, `text/...` and `logit_scale`, the tree of
+`prvr_jax.clip.CLIP`, so converted CLIP weights drop in (`with_clip_weights`).
 
   pooled[q, b]  = X-Pool(t_q, frames_b)                                   [Q, B, D]
   S[q, b, f]    = cos(t_q, frames_b[f]);   R[q, b] = exp(S[q, b] W + b)  (W = I at init)
@@ -15,17 +19,29 @@ leak, docs/tmass.md). `num_samples=0` scores with the deterministic text.
 """
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from prvr_jax import clip
 from prvr_jax import ops
 from prvr_jax.layers import stochastic_text
+from prvr_jax.models import batch as batch_lib
 from prvr_jax.layers.text_pooling import TextConditionedPooling
 
 # CLIP clamps its logit scale to ln(100); pretrained CLIP sits at that bound.
 MAX_LOGIT_SCALE = math.log(100.0)
+# CLIP backbones by `config.model.backbone`; 'tiny' is a few-thousand-parameter stand-in for
+# tests and smoke runs.
+BACKBONES: dict[str, clip.CLIPConfig] = {
+    **clip.CONFIGS,
+    'tiny': clip.CLIPConfig(embed_dim=32, image_size=32, patch_size=16, vision_width=32,
+                            vision_layers=1, vision_heads=2, context_length=16, vocab_size=64,
+                            text_width=32, text_layers=1, text_heads=2),
+}
 
 
 def frame_similarities(texts: jax.Array, frames: jax.Array) -> jax.Array:
@@ -45,6 +61,7 @@ class TMASS(nn.Module):
     stochastic_std: the normal prior's std (LSMDC 3e-3).
     num_samples: M samples per pair at evaluation (0: deterministic text).
     logit_scale_init: initial log logit scale (pretrained CLIP's ln 100).
+    backbone: '' (frozen features) or a key of `BACKBONES` (CLIP trained end to end).
   """
   hidden_dim: int = 512
   num_frames: int = 12
@@ -54,6 +71,7 @@ class TMASS(nn.Module):
   stochastic_std: float = 1.0
   num_samples: int = 20
   logit_scale_init: float = MAX_LOGIT_SCALE
+  backbone: str = ''
 
   def setup(self):
     if self.stochastic_prior not in stochastic_text.PRIORS:
@@ -63,8 +81,21 @@ class TMASS(nn.Module):
     self.radius = stochastic_text.SimilarityRadius(self.hidden_dim)
     self.logit_scale = self.param('logit_scale', nn.initializers.constant(self.logit_scale_init),
                                   ())
+    if self.backbone:
+      config = backbone_config(self.backbone)
+      if config.embed_dim != self.hidden_dim:
+        raise ValueError(f'config.model.hidden_dim={self.hidden_dim} but the {self.backbone} '
+                         f'backbone embeds in {config.embed_dim} dims')
+      self.visual = clip.VisionTower(config)
+      self.text = clip.TextTower(config)
 
-  def _frames(self, clip_feats: jax.Array) -> jax.Array:
+  def _frames(self, videos: dict[str, jax.Array]) -> jax.Array:
+    """`[B, F, D]` frame features of a video batch."""
+    if self.backbone:
+      pixels = videos['frames']
+      features = self.visual(pixels.reshape(-1, *pixels.shape[2:]))
+      return features.reshape(*pixels.shape[:2], -1)
+    clip_feats = videos['clip_feats']
     if clip_feats.shape[1:] != (self.num_frames, self.hidden_dim):
       raise ValueError(f'T-MASS reads clip_feats [B, {self.num_frames}, {self.hidden_dim}] '
                        f'(config.model.num_frames, hidden_dim), got {clip_feats.shape}')
@@ -73,11 +104,13 @@ class TMASS(nn.Module):
   def encode_videos(self, videos: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """`{'frames': [B, F, D], 'key': [B] int32}`: the key (`video_seed`, a hash of the video
     id) draws the video's noise bank."""
-    return {'frames': self._frames(videos['clip_feats']),
-            'key': videos['video_seed'].astype(jnp.int32)}
+    return {'frames': self._frames(videos), 'key': videos['video_seed'].astype(jnp.int32)}
 
   def encode_queries(self, queries: dict[str, jax.Array]) -> jax.Array:
-    """`[Q, D]` text features (the first token of `query_feats`)."""
+    """`[Q, D]` text features: CLIP's text tower on `tokens`, or the first token of
+    `query_feats`."""
+    if self.backbone:
+      return self.text(queries['tokens'])
     return queries['query_feats'][:, 0]
 
   def score(self, texts: jax.Array, stored: dict[str, jax.Array]) -> jax.Array:
@@ -100,7 +133,7 @@ class TMASS(nn.Module):
     texts = self.encode_queries(batch)
     if deterministic:
       return {'scores': self.score(texts, self.encode_videos(batch))}
-    frames = self._frames(batch['clip_feats'])
+    frames = self._frames(batch)
     own_frames = frames[batch['query_video']]
     similarities = jnp.einsum('qd,qfd->qf', ops.l2_normalize(texts), ops.l2_normalize(own_frames))
     radius = jnp.exp(self.radius(similarities))
@@ -109,3 +142,45 @@ class TMASS(nn.Module):
     return {'texts': texts, 'pooled': self.pool(texts, frames, deterministic=False),
             'radius': radius, 'stochastic': texts + noise * radius,
             'logit_scale': self.logit_scale}
+
+
+def backbone_config(name: str) -> clip.CLIPConfig:
+  """The CLIP config of `config.model.backbone`."""
+  if name not in BACKBONES:
+    raise ValueError(f'config.model.backbone={name!r}; expected one of {sorted(BACKBONES)} '
+                     "or '' (frozen features)")
+  return BACKBONES[name]
+
+
+def input_keys(config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(video inputs, query inputs) of `config.model`: pixels and tokens with a backbone."""
+  if config_model.get('backbone'):
+    return ('frames', 'video_seed'), ('tokens',)
+  return ('clip_feats', 'video_seed'), ('query_feats',)
+
+
+def example_batch(config_model: Any, num_videos: int = 2, queries_per_video: int = 1
+                  ) -> dict[str, np.ndarray]:
+  """The batch contract's zeros, plus `frames` and `tokens` (each caption one token and its
+  end-of-text) with a backbone."""
+  batch = batch_lib.example_batch(config_model, num_videos, queries_per_video)
+  if config_model.get('backbone'):
+    config = backbone_config(config_model.backbone)
+    size = config.image_size
+    batch['frames'] = np.zeros((num_videos, config_model.num_frames, size, size, 3), np.float32)
+    tokens = np.zeros((num_videos * queries_per_video, config.context_length), np.int32)
+    tokens[:, 1] = config.vocab_size - 1
+    batch['tokens'] = tokens
+  return batch
+
+
+def with_clip_weights(params: Any, clip_params: Any) -> Any:
+  """T-MASS params (a backbone config) with the CLIP towers and logit scale of `clip_params`
+  (the tree `prvr_jax.clip.weights` reads); shapes must match."""
+  merged = dict(params)
+  for name in ('visual', 'text', 'logit_scale'):
+    ours, theirs = jax.tree.map(np.shape, params[name]), jax.tree.map(np.shape, clip_params[name])
+    if ours != theirs:
+      raise ValueError(f'the CLIP weights\' {name} do not fit the model: {theirs} vs {ours}')
+    merged[name] = clip_params[name]
+  return merged
