@@ -9,8 +9,13 @@ Launch (the embedded synthetic text-video task is the default variant):
 
 Variants: `synthetic` (default), `tiny`, `msrvtt_features` (frozen CLIP ViT-B/32 features of
 MSRVTT 9k / 1k-A, written by `python -m prvr_jax.data.text_video`), and the end-to-end recipes
-`msrvtt`, `didemo`, `lsmdc` (CLIP fine-tuned: docs/tmass.md says what runs today). A second
-`:arg` part picks an option of `OPTIONS`, e.g. `--config=configs/tmass.py:msrvtt_features,
+`msrvtt`, `didemo`, `lsmdc` (CLIP ViT-B/32 fine-tuned on frames):
+
+  python train.py --config=configs/tmass.py:msrvtt --config.data.annotations=/data/msrvtt/anno \
+      --config.data.frames_dir=/data/msrvtt/frames \
+      --config.model.clip_weights=/data/clip/ViT-B-32.safetensors --workdir=/tmp/tmass_e2e
+
+A second `:arg` part picks an option of `OPTIONS`, e.g. `--config=configs/tmass.py:msrvtt_features,
 paper_alpha` (the support-text weight 1.2 of the paper's best run; the official default is 0).
 
 Published text-to-video R@1 / R@5 / R@10 (ViT-B/32; measured with the leaking evaluation; a
@@ -26,7 +31,7 @@ from prvr_jax import config_lib
 
 MODEL = dict(name='tmass', hidden_dim=512, num_frames=12, num_heads=1, dropout=0.3,
              stochastic_prior='uniform01', stochastic_std=1.0, num_samples=20,
-             num_clips=12, max_frames=12, max_query_len=1)
+             num_clips=12, max_frames=12, max_query_len=1, backbone='', clip_weights='')
 # support: alpha of L_sup (official default 0); text_ce: the deterministic L_ce (0 as coded).
 LOSS = dict(support=0.0, text_ce=0.0)
 
@@ -39,11 +44,13 @@ _RECIPE = {'optim.name': 'hf_adamw', 'optim.schedule': 'warmup_cosine',
            'train.num_epochs': 5, 'train.seed': 24, 'train.patience': 100,
            'eval.video_batch_size': 100}
 _SYNTHETIC = {**_RECIPE, 'data.text_feature': 'clip'}
+# End to end: CLIP ViT-B/32 inside the model, from pretrained weights (`model.clip_weights`).
+_END_TO_END = {**_RECIPE, 'model.backbone': 'ViT-B/32'}
 PER_DATASET = {
     'msrvtt_features': {**_RECIPE, 'optim.lr': 3e-5},
-    'msrvtt': {**_RECIPE, 'optim.lr': 3e-5},
-    'didemo': {**_RECIPE, 'model.dropout': 0.4},
-    'lsmdc': {**_RECIPE, 'model.stochastic_prior': 'normal', 'model.stochastic_std': 3e-3},
+    'msrvtt': {**_END_TO_END, 'optim.lr': 3e-5},
+    'didemo': {**_END_TO_END, 'model.dropout': 0.4},
+    'lsmdc': {**_END_TO_END, 'model.stochastic_prior': 'normal', 'model.stochastic_std': 3e-3},
     # The synthetic task starts from random features, not a pretrained joint space: a higher
     # head lr.
     'synthetic': {**_SYNTHETIC, 'optim.lr': 1e-3, 'data.synthetic_size': 'text_video',
@@ -67,6 +74,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variant, _, option = (arg or '').partition(',')
   config = config_lib.build_config(variant or None, model=MODEL, loss=LOSS,
                                    per_dataset=PER_DATASET)
+  # Data: feature shards, or (a CLIP backbone) annotations and frame folders.
+  config.data.source = 'frames' if config.model.backbone else 'shards'
+  config.data.annotations = ''
+  config.data.frames_dir = ''
+  config.data.clip_vocab = ''  # '' = PRVR_CLIP_VOCAB or an installed open_clip's vocabulary
   if option:
     if option not in OPTIONS:
       raise ValueError(f'unknown T-MASS option {option!r} (in --config=...:{arg}); expected '

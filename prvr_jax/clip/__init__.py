@@ -18,6 +18,7 @@ models should import `prvr_jax.clip` / `prvr_jax.clip.model`, never `prvr_jax.cl
 from prvr_jax.clip.model import CLIP
 from prvr_jax.clip.model import CLIPConfig
 from prvr_jax.clip.model import CONFIGS
+from prvr_jax.clip.model import backbone_config
 from prvr_jax.clip.model import TextTower
 from prvr_jax.clip.model import VisionTower
 from prvr_jax.clip.model import VIT_B_16
@@ -25,5 +26,5 @@ from prvr_jax.clip.model import VIT_B_32
 from prvr_jax.clip.tokenizer import default_vocab_path
 from prvr_jax.clip.tokenizer import Tokenizer
 
-__all__ = ['CLIP', 'CLIPConfig', 'CONFIGS', 'TextTower', 'VIT_B_16', 'VIT_B_32', 'VisionTower',
+__all__ = ['CLIP', 'CLIPConfig', 'CONFIGS', 'backbone_config', 'TextTower', 'VIT_B_16', 'VIT_B_32', 'VisionTower',
            'Tokenizer', 'default_vocab_path']

@@ -100,6 +100,20 @@ VIT_B_32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width
                       text_width=512, text_layers=12, text_heads=8)
 VIT_B_16 = dataclasses.replace(VIT_B_32, patch_size=16)
 CONFIGS = {'ViT-B/32': VIT_B_32, 'ViT-B/16': VIT_B_16}
+# A few-thousand-parameter CLIP for tests and smoke runs of models with a CLIP backbone.
+TINY = CLIPConfig(embed_dim=32, image_size=32, patch_size=16, vision_width=32, vision_layers=1,
+                  vision_heads=2, context_length=16, vocab_size=1024, text_width=32, text_layers=1,
+                  text_heads=2)
+
+
+def backbone_config(name: str) -> CLIPConfig:
+  """The CLIP config of a model's `config.model.backbone`: a key of `CONFIGS` or 'tiny'."""
+  if name == 'tiny':
+    return TINY
+  if name not in CONFIGS:
+    raise ValueError(f"config.model.backbone={name!r}; expected one of {sorted(CONFIGS)}, "
+                     "'tiny', or '' (frozen features)")
+  return CONFIGS[name]
 
 
 def quick_gelu(x: jax.Array) -> jax.Array:

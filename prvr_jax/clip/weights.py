@@ -453,3 +453,19 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
   if any(k.startswith(('vision_model.', 'text_model.')) for k in tensors):
     return from_huggingface(tensors, config)
   return from_torch_state_dict(tensors, config)
+
+
+def into_model(params: Params, clip_params: Params, source: str = 'the CLIP weights') -> Params:
+  """A model's params with CLIP's `visual`, `text` and `logit_scale` replaced by
+  `clip_params` (a model that holds CLIP's towers under those names, e.g. T-MASS end to end);
+  every replaced tree must have the model's shapes."""
+  merged = dict(params)
+  for name in ('visual', 'text', 'logit_scale'):
+    if name not in params:
+      raise WeightsError(f'the model has no {name!r} parameters to take from {source}')
+    ours = jax.tree.map(np.shape, params[name])
+    theirs = jax.tree.map(np.shape, clip_params[name])
+    if ours != theirs:
+      raise WeightsError(f'{source}: {name} does not fit the model ({theirs} vs {ours})')
+    merged[name] = jax.tree.map(np.asarray, clip_params[name])
+  return merged

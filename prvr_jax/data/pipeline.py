@@ -662,9 +662,13 @@ def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
   return shards
 
 
-def open_run_data(config, workdir: str | None) -> ShardDataset:
+def open_run_data(config, workdir: str | None):
   """`resolve_shards` on every process of a run, process 0 first (it may generate or prepare
-  the data; the others then open what it wrote)."""
+  the data; the others then open what it wrote). `config.data.source='frames'` reads
+  annotations and frame folders instead (`prvr_jax.data.frame_data.FrameData`)."""
+  if config.data.get('source', 'shards') == 'frames':
+    from prvr_jax.data import frame_data  # pylint: disable=g-import-not-at-top
+    return frame_data.open_frame_data(config)
   import jax  # pylint: disable=g-import-not-at-top
   from prvr_jax import parallel  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:

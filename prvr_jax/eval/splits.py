@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from prvr_jax.data import frame_data
 from prvr_jax.data import pipeline
 
 VIDEO_KEY = 'video_index'
@@ -50,12 +51,16 @@ class EvalSplit:
   moment_ratio: np.ndarray | None = None
 
 
-def eval_split(config: Any, shards: pipeline.ShardDataset, split: str) -> EvalSplit:
+def eval_split(config: Any, shards: pipeline.ShardDataset | frame_data.FrameData, split: str
+               ) -> EvalSplit:
   """`split` of the shard folder, videos in the official evaluation chunks.
 
   `split` is 'val' / 'test' (mapped through `config.data.{val,test}_split`) or a split name
-  of the shards. Every host reads every batch (global view) and feeds its block.
+  of the shards. Every host reads every batch (global view) and feeds its block. Frame data
+  (`frame_data.FrameData`): every video and every caption of the split once.
   """
+  if isinstance(shards, frame_data.FrameData):
+    return EvalSplit(*frame_data.eval_streams(config, shards, split))
   name = config.data.get(f'{split}_split', split)
   index = pipeline.eval_index(shards, name)
   hosts = dict(process_index=0, process_count=1)

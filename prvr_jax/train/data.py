@@ -7,18 +7,23 @@ from jax.sharding import Mesh
 import ml_collections
 
 from prvr_jax import parallel
+from prvr_jax.data import frame_data
 from prvr_jax.data import pipeline
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, shards: pipeline.ShardDataset) -> int:
+def steps_per_epoch(config: ml_collections.ConfigDict,
+                    shards: pipeline.ShardDataset | frame_data.FrameData) -> int:
   """ceil(#train videos / global batch), the official t_total per epoch (with host-sharded
-  reading: of the busiest host)."""
+  reading: of the busiest host); for frame data, ceil(#train pairs / global batch)."""
+  if isinstance(shards, frame_data.FrameData):
+    return frame_data.steps_per_epoch(config, shards)
   readers = jax.process_count() if config.data.host_sharded_reading else 1
   return pipeline.steps_per_epoch(shards.split(config.data.train_split),
                                   config.train.batch_size, readers)
 
 
-def train_batches(config: ml_collections.ConfigDict, shards: pipeline.ShardDataset,
+def train_batches(config: ml_collections.ConfigDict,
+                  shards: pipeline.ShardDataset | frame_data.FrameData,
                   start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
   """Global training batches (sharded on `data`) from global step `start_step` on.
 
@@ -26,8 +31,11 @@ def train_batches(config: ml_collections.ConfigDict, shards: pipeline.ShardDatas
   so the global batches (and their layout) are the same for any number of devices and
   hosts. `config.data.host_sharded_reading=True` instead has each host read its own shard
   files (less I/O on large pods; the batches then depend on the host count).
-  `config.data.max_queries_per_batch` counts query slots per host.
+  `config.data.max_queries_per_batch` counts query slots per host. Frame data: see
+  `frame_data.train_batches`.
   """
+  if isinstance(shards, frame_data.FrameData):
+    return frame_data.train_batches(config, shards, start_step, mesh)
   common = dict(global_batch_size=config.train.batch_size, seed=config.train.seed,
                 start_step=start_step, shuffle_buffer=config.data.shuffle_buffer)
   slots = config.data.max_queries_per_batch

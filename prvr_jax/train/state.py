@@ -10,6 +10,7 @@ import ml_collections
 import optax
 
 from prvr_jax import optim
+from prvr_jax.clip import weights as clip_weights
 from prvr_jax import parallel
 from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec, match_paths
@@ -66,7 +67,16 @@ def abstract_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTr
 
 def create_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation,
                        mesh: Mesh) -> TrainState:
-  """Fresh state from `config.train.seed`, computed on device already replicated."""
+  """Fresh state from `config.train.seed`, computed on device already replicated; with
+  `config.model.clip_weights`, the model's CLIP towers and logit scale start from that
+  checkpoint (`prvr_jax.clip.weights.load`)."""
   init = jax.jit(_init_fn(config, registry.get_spec(config.model), tx),
                  out_shardings=parallel.replicated(mesh))
-  return init(jax.random.PRNGKey(config.train.seed))
+  state = init(jax.random.PRNGKey(config.train.seed))
+  path = config.model.get('clip_weights')
+  if path:
+    _, clip_params = clip_weights.load(path)
+    params = clip_weights.into_model(jax.device_get(state.params), clip_params,
+                                     f'config.model.clip_weights={path}')
+    state = state.replace(params=jax.device_put(params, parallel.replicated(mesh)))
+  return state

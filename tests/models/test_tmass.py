@@ -10,9 +10,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from prvr_jax import clip
 from prvr_jax import optim
+from prvr_jax.clip import weights as clip_weights
 from prvr_jax.layers import stochastic_text
 from prvr_jax.losses import stochastic
+from prvr_jax.models import registry
+from prvr_jax.models.spec import LossContext
 from prvr_jax.models.tmass import TMASS
 from prvr_jax.models.tmass.model import frame_similarities
 import support
@@ -218,9 +222,6 @@ def test_noise_bank_depends_only_on_the_video_key(prior):
 
 
 def test_end_to_end_backbone_trains_clip_and_takes_clip_weights():
-  from prvr_jax import clip  # pylint: disable=g-import-not-at-top
-  from prvr_jax.models import registry, tmass  # pylint: disable=g-import-not-at-top
-  from prvr_jax.models.spec import LossContext  # pylint: disable=g-import-not-at-top
   config = support.load_config('tmass', 'tiny')
   config.model.update(backbone='tiny', num_frames=3)
   spec = registry.get_spec(config.model)
@@ -231,9 +232,9 @@ def test_end_to_end_backbone_trains_clip_and_takes_clip_weights():
   batch['frames'] = rng.normal(size=batch['frames'].shape).astype(np.float32)
   batch['tokens'][:, 2:5] = rng.integers(1, 60, size=(3, 3))
   # CLIP weights (another init) drop into the model's visual/text/logit_scale.
-  clip_params = jax.jit(lambda k: clip.CLIP(tmass.model.BACKBONES['tiny']).init(
-      k, *clip.model.example_inputs(tmass.model.BACKBONES['tiny']))['params'])(jax.random.key(5))
-  params = tmass.with_clip_weights(
+  clip_params = jax.jit(lambda k: clip.CLIP(clip.model.TINY).init(
+      k, *clip.model.example_inputs(clip.model.TINY))['params'])(jax.random.key(5))
+  params = clip_weights.into_model(
       jax.jit(lambda k: spec.init_params(config.model, k))(jax.random.key(0)), clip_params)
   np.testing.assert_array_equal(params['visual']['proj']['kernel'],
                                 clip_params['visual']['proj']['kernel'])
@@ -246,4 +247,4 @@ def test_end_to_end_backbone_trains_clip_and_takes_clip_weights():
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads[tower])) > 0, tower
   bad = {**clip_params, 'visual': {**clip_params['visual'], 'proj': {'kernel': np.zeros((3, 3))}}}
   with pytest.raises(ValueError, match='visual'):
-    tmass.with_clip_weights(params, bad)
+    clip_weights.into_model(params, bad)

@@ -6,7 +6,7 @@ CLIP text feature `query_feats [Q, 1, D]` (the projected end-of-text token, not 
 `backbone='ViT-B/32'` (or 'ViT-B/16', 'tiny'): CLIP is part of the model and fine-tuned end to
 end; a video is `frames [B, F, S, S, 3]` (CLIP-preprocessed pixels), a caption `tokens [Q, C]`.
 The CLIP towers' parameters are `visual/...`, `text/...` and `logit_scale`, the tree of
-`prvr_jax.clip.CLIP`, so converted CLIP weights drop in (`with_clip_weights`).
+`prvr_jax.clip.CLIP`, so converted CLIP weights drop in (`prvr_jax.clip.weights.into_model`).
 
   pooled[q, b]  = X-Pool(t_q, frames_b)                                   [Q, B, D]
   S[q, b, f]    = cos(t_q, frames_b[f]);   R[q, b] = exp(S[q, b] W + b)  (W = I at init)
@@ -34,14 +34,6 @@ from prvr_jax.layers.text_pooling import TextConditionedPooling
 
 # CLIP clamps its logit scale to ln(100); pretrained CLIP sits at that bound.
 MAX_LOGIT_SCALE = math.log(100.0)
-# CLIP backbones by `config.model.backbone`; 'tiny' is a few-thousand-parameter stand-in for
-# tests and smoke runs.
-BACKBONES: dict[str, clip.CLIPConfig] = {
-    **clip.CONFIGS,
-    'tiny': clip.CLIPConfig(embed_dim=32, image_size=32, patch_size=16, vision_width=32,
-                            vision_layers=1, vision_heads=2, context_length=16, vocab_size=64,
-                            text_width=32, text_layers=1, text_heads=2),
-}
 
 
 def frame_similarities(texts: jax.Array, frames: jax.Array) -> jax.Array:
@@ -61,7 +53,7 @@ class TMASS(nn.Module):
     stochastic_std: the normal prior's std (LSMDC 3e-3).
     num_samples: M samples per pair at evaluation (0: deterministic text).
     logit_scale_init: initial log logit scale (pretrained CLIP's ln 100).
-    backbone: '' (frozen features) or a key of `BACKBONES` (CLIP trained end to end).
+    backbone: '' (frozen features), 'ViT-B/32', 'ViT-B/16' or 'tiny' (CLIP trained end to end).
   """
   hidden_dim: int = 512
   num_frames: int = 12
@@ -82,7 +74,7 @@ class TMASS(nn.Module):
     self.logit_scale = self.param('logit_scale', nn.initializers.constant(self.logit_scale_init),
                                   ())
     if self.backbone:
-      config = backbone_config(self.backbone)
+      config = clip.backbone_config(self.backbone)
       if config.embed_dim != self.hidden_dim:
         raise ValueError(f'config.model.hidden_dim={self.hidden_dim} but the {self.backbone} '
                          f'backbone embeds in {config.embed_dim} dims')
@@ -144,14 +136,6 @@ class TMASS(nn.Module):
             'logit_scale': self.logit_scale}
 
 
-def backbone_config(name: str) -> clip.CLIPConfig:
-  """The CLIP config of `config.model.backbone`."""
-  if name not in BACKBONES:
-    raise ValueError(f'config.model.backbone={name!r}; expected one of {sorted(BACKBONES)} '
-                     "or '' (frozen features)")
-  return BACKBONES[name]
-
-
 def input_keys(config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(video inputs, query inputs) of `config.model`: pixels and tokens with a backbone."""
   if config_model.get('backbone'):
@@ -165,7 +149,7 @@ def example_batch(config_model: Any, num_videos: int = 2, queries_per_video: int
   end-of-text) with a backbone."""
   batch = batch_lib.example_batch(config_model, num_videos, queries_per_video)
   if config_model.get('backbone'):
-    config = backbone_config(config_model.backbone)
+    config = clip.backbone_config(config_model.backbone)
     size = config.image_size
     batch['frames'] = np.zeros((num_videos, config_model.num_frames, size, size, 3), np.float32)
     tokens = np.zeros((num_videos * queries_per_video, config.context_length), np.int32)
@@ -173,14 +157,3 @@ def example_batch(config_model: Any, num_videos: int = 2, queries_per_video: int
     batch['tokens'] = tokens
   return batch
 
-
-def with_clip_weights(params: Any, clip_params: Any) -> Any:
-  """T-MASS params (a backbone config) with the CLIP towers and logit scale of `clip_params`
-  (the tree `prvr_jax.clip.weights` reads); shapes must match."""
-  merged = dict(params)
-  for name in ('visual', 'text', 'logit_scale'):
-    ours, theirs = jax.tree.map(np.shape, params[name]), jax.tree.map(np.shape, clip_params[name])
-    if ours != theirs:
-      raise ValueError(f'the CLIP weights\' {name} do not fit the model: {theirs} vs {ours}')
-    merged[name] = clip_params[name]
-  return merged
