@@ -47,7 +47,8 @@ _SYNTHETIC = {**_RECIPE, 'data.text_feature': 'clip'}
 # End to end: CLIP ViT-B/32 inside the model, from pretrained weights (`model.clip_weights`).
 _END_TO_END = {**_RECIPE, 'model.backbone': 'ViT-B/32'}
 PER_DATASET = {
-    'msrvtt_features': {**_RECIPE, 'optim.lr': 3e-5},
+    # Pairs, one per caption, as the official loader (the release folder as data.dir).
+    'msrvtt_features': {**_RECIPE, 'optim.lr': 3e-5, 'data.train_pairs': True},
     'msrvtt': {**_END_TO_END, 'optim.lr': 3e-5},
     'didemo': {**_END_TO_END, 'model.dropout': 0.4},
     'lsmdc': {**_END_TO_END, 'model.stochastic_prior': 'normal', 'model.stochastic_std': 3e-3},
@@ -76,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                    per_dataset=PER_DATASET)
   # Data: feature shards, or (a CLIP backbone) annotations and frame folders.
   config.data.source = 'frames' if config.model.backbone else 'shards'
+  config.data.train_pairs = config.data.get('train_pairs', False)
   config.data.annotations = ''
   config.data.frames_dir = ''
   config.data.clip_vocab = ''  # '' = PRVR_CLIP_VOCAB or an installed open_clip's vocabulary

@@ -3,12 +3,14 @@
 from collections.abc import Iterator
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 import ml_collections
 
 from prvr_jax import parallel
 from prvr_jax.data import frame_data
 from prvr_jax.data import pipeline
+from prvr_jax.data import text_video
 
 
 def steps_per_epoch(config: ml_collections.ConfigDict,
@@ -17,6 +19,8 @@ def steps_per_epoch(config: ml_collections.ConfigDict,
   reading: of the busiest host); for frame data, ceil(#train pairs / global batch)."""
   if isinstance(shards, frame_data.FrameData):
     return frame_data.steps_per_epoch(config, shards)
+  if config.data.get('train_pairs'):
+    return -(-shards.split(config.data.train_split).num_captions // config.train.batch_size)
   readers = jax.process_count() if config.data.host_sharded_reading else 1
   return pipeline.steps_per_epoch(shards.split(config.data.train_split),
                                   config.train.batch_size, readers)
@@ -32,10 +36,14 @@ def train_batches(config: ml_collections.ConfigDict,
   hosts. `config.data.host_sharded_reading=True` instead has each host read its own shard
   files (less I/O on large pods; the batches then depend on the host count).
   `config.data.max_queries_per_batch` counts query slots per host. Frame data: see
-  `frame_data.train_batches`.
+  `frame_data.train_batches`. `config.data.train_pairs=True` (T-MASS on a text-video feature
+  release, `config.data.dir` its release folder) trains on (video, caption) pairs instead, one
+  per caption and shuffled every epoch, as the official text-video loaders do.
   """
   if isinstance(shards, frame_data.FrameData):
     return frame_data.train_batches(config, shards, start_step, mesh)
+  if config.data.get('train_pairs'):
+    return _feature_pairs(config, start_step, mesh)
   common = dict(global_batch_size=config.train.batch_size, seed=config.train.seed,
                 start_step=start_step, shuffle_buffer=config.data.shuffle_buffer)
   slots = config.data.max_queries_per_batch
@@ -47,3 +55,19 @@ def train_batches(config: ml_collections.ConfigDict,
                                process_count=1, max_queries_per_batch=slots * jax.process_count(),
                                **common)
   return (parallel.shard_global_view(b, mesh) for b in it)
+
+
+def _feature_pairs(config: ml_collections.ConfigDict, start_step: int, mesh: Mesh
+                   ) -> Iterator[dict[str, jax.Array]]:
+  """Pair batches of a feature release (`text_video.feature_pairs`) in the batch contract:
+  row i is caption i with its own video; earlier steps are read and dropped."""
+  pairs = text_video.feature_pairs(config.data.dir, config.data.collection,
+                                   config.data.train_split, batch_size=config.train.batch_size,
+                                   shuffle=True, seed=config.train.seed, num_epochs=None)
+  rows = np.arange(config.train.batch_size, dtype=np.int32)
+  for step, batch in enumerate(pairs):
+    if step >= start_step:
+      yield parallel.shard_global_view(
+          {'clip_feats': batch['video_feats'], 'query_feats': batch['text_feats'][:, None],
+           'query_video': rows, 'query_valid': batch['valid'], 'video_valid': batch['valid']},
+          mesh)

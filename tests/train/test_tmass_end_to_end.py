@@ -5,11 +5,15 @@ import gzip
 import json
 import os
 
+import h5py
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from prvr_jax import train
+from prvr_jax import parallel, train
+from prvr_jax.data import text_video
+from prvr_jax.train import data as train_data
 import support
 
 # A hand-made BPE vocabulary: 512 byte tokens, these merges, SOT, EOT (ids < 1024 = the tiny
@@ -58,3 +62,36 @@ def test_training_on_frames_fine_tunes_clip_and_evaluates(tmp_path):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     steps = [json.loads(line) for line in f if '"train"' in line]
   assert steps and all(np.isfinite(s['loss']) for s in steps)
+
+
+def test_feature_release_trains_on_caption_pairs(tmp_path):
+  """`config.data.train_pairs`: one (video, caption) pair per caption, row i caption i with its
+  own video, as the official loader (not the PRVR video-with-all-captions batches)."""
+  annotations, _, _ = _dataset(tmp_path)
+  splits = text_video.read_splits('msrvtt', annotations)
+  rng = np.random.default_rng(1)
+  frames = {v: rng.normal(size=(12, 32)).astype(np.float32)
+            for v in ('video1', 'video3', 'video8', 'video9')}
+  texts = {c: rng.normal(size=32).astype(np.float32) for s in splits.values()
+           for c in s.caption_ids}
+  for name, arrays in (('frames.h5', frames), ('text.h5', texts)):
+    with h5py.File(tmp_path / name, 'w') as f:
+      for k, x in arrays.items():
+        f.create_dataset(k, data=x)
+  text_video.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
+                                   tmp_path / 'release', 'msrvtt', dim=32)
+  config = support.load_config('tmass', 'tiny')
+  config.data.update(dir=str(tmp_path / 'release'), collection='msrvtt', train_pairs=True)
+  config.train.update(batch_size=2)
+  batches = train_data.train_batches(config, None, 1, parallel.make_mesh())
+  seen = []
+  for _ in range(3):  # steps 1..3: the rest of epoch 0 and epoch 1
+    batch = jax.device_get(next(batches))
+    np.testing.assert_array_equal(batch['query_video'], [0, 1])
+    assert batch['query_valid'].all()
+    for row in range(2):
+      caption = [c for c, t in texts.items() if np.array_equal(t, batch['query_feats'][row, 0])]
+      video = splits['train'].captions[splits['train'].caption_ids.index(caption[0])][1]
+      np.testing.assert_array_equal(batch['clip_feats'][row], frames[video])
+      seen.append(caption[0])
+  assert sorted(seen[2:]) == sorted(splits['train'].caption_ids)  # epoch 1: each caption once
