@@ -52,8 +52,11 @@ class CheckpointError(ValueError):
 
 
 def model_fingerprint(config: ml_collections.ConfigDict) -> dict[str, str]:
-  """Model name and a hash of every `config.model` field (guards resuming/evaluating)."""
-  fields = json.dumps(config.model.to_dict(), sort_keys=True, default=list)
+  """Model name and a hash of every `config.model` field but the model's `fingerprint_exempt`
+  ones (evaluation-only knobs, init-time paths), guarding resuming and evaluating."""
+  exempt = registry.get_spec(config.model).fingerprint_exempt
+  fields = json.dumps({k: v for k, v in config.model.to_dict().items() if k not in exempt},
+                      sort_keys=True, default=list)
   return {'model': config.model.name,
           'model_config_hash': hashlib.sha256(fields.encode()).hexdigest()[:16]}
 

@@ -114,6 +114,8 @@ class ModelSpec:
       backbone's group; 'hf_adamw' only).
     upper_bounds: `(regex, maximum)` pairs: matching weights are clamped to the maximum after
       every update (CLIP's logit scale); 'hf_adamw' only.
+    fingerprint_exempt: `config.model` fields a checkpoint does not depend on (evaluation-only
+      settings, the path of initial weights): changing them keeps resuming and evaluating.
   """
   name: str
   module: type[nn.Module]
@@ -132,6 +134,7 @@ class ModelSpec:
   input_keys: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
   backbone: tuple[str, ...] = ()
   upper_bounds: tuple[tuple[str, float], ...] = ()
+  fingerprint_exempt: tuple[str, ...] = ()
 
   def inputs(self, config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(video inputs, query inputs): the batch keys `config.model`'s module reads."""

@@ -25,6 +25,8 @@ SPEC = ModelSpec(
     # CLIP (its towers and logit scale) is the backbone group (lr 1e-6); the logit scale is
     # clamped to ln 100.
     backbone=(r'^logit_scale$', r'^(visual|text)/'), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
+    # Samples per pair at evaluation, and where CLIP's initial weights came from.
+    fingerprint_exempt=('num_samples', 'clip_weights'),
     param_counts={'msrvtt_features': 1_323_009, 'msrvtt': 152_600_321})
 
 __all__ = ['SPEC', 'TMASS', 'objective']

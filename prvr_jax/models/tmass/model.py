@@ -124,6 +124,8 @@ class TMASS(nn.Module):
     [Q, D]` (one draw of the 'sampling' stream) and `logit_scale`."""
     texts = self.encode_queries(batch)
     if deterministic:
+      if self.is_initializing():  # the radius exists even where evaluation does not sample
+        self.radius(jnp.zeros((1, self.num_frames), texts.dtype))
       return {'scores': self.score(texts, self.encode_videos(batch))}
     frames = self._frames(batch)
     own_frames = frames[batch['query_video']]
