@@ -170,8 +170,9 @@ def _import_decoder(decoder: str | None):
       continue
   raise ImportError(
       f'reading video files needs a video decoder: {" or ".join(names)} is not installed. '
-      'Install the optional extra with `pip install av` (PyAV) or `pip install opencv-python`, '
-      'or extract frames to folders of images and use read_frame_folder.')
+      'Install the optional extra with `pip install prvr_jax[video]` (PyAV: pip install av) or '
+      '`pip install opencv-python`, or extract frames to folders of images and use '
+      'read_frame_folder.')
 
 
 def _read_video_cv2(cv2, path: str, num_samples: int, mode: str, rng) -> np.ndarray:
