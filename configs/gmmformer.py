@@ -23,7 +23,7 @@ MODEL = dict(
     # Official v1 sizes the frame-branch windows by the padded batch length ('batch_max');
     # 'static' uses max_frames for every batch.
     frame_window_length='batch_max')
-LOSS = dict(hard_pool_size=20)
+LOSS = dict(hard_pool_size=20, stochastic_support=0.0)
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
 _TVR = {'optim.lr': 3e-4, 'model.dropout': 0.2, 'model.input_dropout': 0.2,

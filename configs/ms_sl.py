@@ -26,7 +26,8 @@ MODEL = dict(name='ms_sl', **config_lib.MS_SL_LINEAGE, score_query_chunk=8)
 # Official method/config.py defaults; the plug-ins are off (qdl, om = 0) with GMMFormer v2's
 # TVR settings ready for when they are switched on.
 LOSS = dict(margin=0.2, hard_pool_size=20, hard_negative_start_epoch=20, clip_nce=0.02,
-            frame_nce=0.04, qdl=0.0, qdl_delta=0.15, qdl_alpha=32.0, qdl_gamma=1.0, om=0.0)
+            frame_nce=0.04, qdl=0.0, qdl_delta=0.15, qdl_alpha=32.0, qdl_gamma=1.0, om=0.0,
+            stochastic_support=0.0)
 
 _OFFICIAL = {'optim.lr': 2.5e-4, 'model.dropout': 0.1, 'model.input_dropout': 0.1,
              'train.seed': 2018, 'eval.video_batch_size': 200}

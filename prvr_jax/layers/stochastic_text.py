@@ -11,6 +11,8 @@ other queries. Scores are computed from `[Q, B, M]` contractions; the `[Q, B, M,
 are never formed.
 """
 
+from collections.abc import Sequence
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -82,3 +84,47 @@ def max_over_samples(text: jax.Array, radius: jax.Array, targets: jax.Array,
   cosines = (base[..., None] + shift) * jax.lax.rsqrt(
       jnp.maximum(squared_norm, ops.NORMALIZE_EPS ** 2))
   return jnp.max(cosines, axis=-1)
+
+
+# ----------------------------------------------------------------------------- plug-in for PRVR
+# A PRVR model scores a query against sets of stored vectors (clips, frames, prototypes) by the
+# max over each set. As a plug-in, the radius input is the query's similarity to the set, made
+# invariant to the set's order, and a sample is scored by the max over the set.
+
+
+def sorted_top_k(similarities: jax.Array, k: int) -> jax.Array:
+  """`[..., L]` -> the `min(k, L)` largest values, sorted descending: a radius input that does
+  not depend on the order of a set's elements."""
+  return jax.lax.top_k(similarities, min(k, similarities.shape[-1]))[0]
+
+
+def max_over_samples_and_sets(texts: Sequence[jax.Array], radii: Sequence[jax.Array],
+                              sets: Sequence[jax.Array], weights: Sequence[float],
+                              noise: jax.Array) -> jax.Array:
+  """`max_m sum_c w_c max_l cos(texts_c[q] + noise[b, m] * radii_c[q, b], sets_c[b, l])`.
+
+  Branch c's samples share each video's noise (one draw per sample, each branch scaled by its
+  own radius); the branches are fused per sample, then the best sample is kept.
+
+  Args:
+    texts: per branch `[Q, D]` deterministic query embeddings.
+    radii: per branch `[Q, B, D]` radius of each pair.
+    sets: per branch `[B, L_c, D]` each video's stored elements (zero vectors for padding:
+      cosine 0, as `ops.max_similarity` scores them).
+    weights: per branch fusion weight.
+    noise: `[B, M, D]` each video's noise bank.
+
+  Returns:
+    `[Q, B]`. One sample at a time (`lax.map` over M): the largest intermediates are one
+    sample's `[Q, B, D]` points and `[Q, B, L_c]` cosines, never `[Q, B, M, D]`.
+  """
+  units = [ops.l2_normalize(s) for s in sets]
+
+  def one_sample(eps):  # [B, D]
+    fused = 0.0
+    for text, radius, unit, weight in zip(texts, radii, units, weights):
+      point = ops.l2_normalize(text[:, None] + eps[None] * radius)
+      fused = fused + weight * jnp.max(jnp.einsum('qbd,bld->qbl', point, unit), axis=-1)
+    return fused
+
+  return jnp.max(jax.lax.map(one_sample, jnp.swapaxes(noise, 0, 1)), axis=0)

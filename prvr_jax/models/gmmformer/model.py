@@ -4,7 +4,8 @@ Query branch: projection -> positional encoding -> v1 attention block -> attenti
 Clip branch: projection -> positional encoding -> two GMMBlocks (4 windowed post-LN blocks,
 averaged). Video branch: a separate projection -> positional encoding -> two masked
 GMMBlocks -> attention pooling to one vector. Scores: S_c = max-clip cosine, S_v = cosine
-with the video vector (raw dots for InfoNCE); eval S = 0.7 S_c + 0.3 S_v.
+with the video vector (raw dots for InfoNCE); eval S = 0.7 S_c + 0.3 S_v. Text mass
+(`stochastic_text`) applies to both branches, the video vector being a set of one.
 
 The official frame branch builds its windows for the padded batch length, so a video's
 encoding depends on the longest video of its batch. `frame_window_length='batch_max'`
@@ -48,11 +49,13 @@ class GMMFormer(TwoBranchModel):
     self.clip = VideoBranch(**branch)
     self.frame = VideoBranch(**branch)
     self.video_pooling = AttentionPooling()
+    self.radius = self.text_mass_radius()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True,
                     window_length: jax.Array | None = None) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, 128, Dv]`, `frame_mask [B, 128]`, optional
-    window_length `[B]` -> {'clips': `[B, Lc, D]`, 'video': `[B, D]`}."""
+    window_length `[B]` -> {'clips': `[B, Lc, D]`, 'video': `[B, D]`}, with text mass also
+    `key [B]` (`video_seed`)."""
     frame_feats, frame_mask = videos['frame_feats'], videos['frame_mask']
     if frame_feats.shape[1] != self.max_frames:
       raise ValueError(f'GMMFormer expects frames padded to {self.max_frames} '
@@ -62,8 +65,12 @@ class GMMFormer(TwoBranchModel):
       window_length = jnp.broadcast_to(batch_max, frame_mask.shape[:1])
     clips = self.clip(videos['clip_feats'], None, None, None, deterministic)
     frames = self.frame(frame_feats, frame_mask, window_length, None, deterministic)
-    return {'clips': clips, 'video': self.video_pooling(frames, frame_mask)}
+    return self.with_key({'clips': clips, 'video': self.video_pooling(frames, frame_mask)},
+                         videos)
 
   def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                        cosine: bool) -> jax.Array:
     return similarity(queries, videos['video'], cosine)
+
+  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {'clip': videos['clips'], 'frame': videos['video'][:, None]}

@@ -5,7 +5,7 @@ Clip branch (32 clips) and frame branch (padded to 128 frames): projection -> po
 encoding -> one TC-GMMBlock (8 windowed v2 blocks + temporal consolidation with a learnable
 query token shared by both branches). Padded frames are zeroed after encoding.
 Scores: S_c = max over clips, S_f = max over frames (cosine; raw dot for InfoNCE);
-eval S = 0.7 S_c + 0.3 S_f.
+eval S = 0.7 S_c + 0.3 S_f. Text mass (`stochastic_text`) applies to both branches.
 """
 
 from collections.abc import Mapping
@@ -38,18 +38,23 @@ class GMMFormerV2(TwoBranchModel):
     self.frame = VideoBranch(**branch)
     self.weight_token = self.param('weight_token', nn.initializers.normal(1.0),
                                    (self.hidden_dim,))
+    self.radius = self.text_mass_radius()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, 128, Dv]`, `frame_mask [B, 128]` ->
-    {'clips': `[B, Lc, D]`, 'frames': `[B, 128, D]` (padded frames zero)}."""
+    {'clips': `[B, Lc, D]`, 'frames': `[B, 128, D]` (padded frames zero)}, with text mass
+    also `key [B]` (`video_seed`)."""
     frame_feats, frame_mask = videos['frame_feats'], videos['frame_mask']
     if frame_feats.shape[1] != self.max_frames:
       raise ValueError(f'GMMFormer v2 expects frames padded to {self.max_frames} '
                        f'(config.model.max_frames); got {frame_feats.shape[1]}')
     clips = self.clip(videos['clip_feats'], None, None, self.weight_token, deterministic)
     frames = self.frame(frame_feats, frame_mask, None, self.weight_token, deterministic)
-    return {'clips': clips, 'frames': frames * frame_mask[..., None]}
+    return self.with_key({'clips': clips, 'frames': frames * frame_mask[..., None]}, videos)
 
   def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                        cosine: bool) -> jax.Array:
     return max_similarity(queries, videos['frames'], cosine)
+
+  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {'clip': videos['clips'], 'frame': videos['frames']}

@@ -9,9 +9,15 @@ Scores: S_c = max over the multi-scale clips of the cosine; S_f = cosine of the 
 key-clip guided attention (KCGA) over the video's frames, keyed by the query's best clip of
 that video. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
 frame matrix is `[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
+
+Text mass (`stochastic_text`) applies to the clip branch only: the frame score is a cosine with
+one attended feature per (query, video) pair, whose key clip the deterministic query picks; a
+sample would need its own key clip and attention (`[Q, B, M, D]`), so S_f stays
+deterministic and S = clip_score_weight * max_m S_c(sample m) + frame_score_weight * S_f.
 """
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +27,7 @@ from prvr_jax.layers import exhaustive_clips
 from prvr_jax.layers.multiscale import key_clip_attention
 from prvr_jax.models.spec import Batch
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize
+from prvr_jax.ops import l2_normalize, max_similarity
 
 
 class MSSL(TwoBranchModel):
@@ -34,6 +40,8 @@ class MSSL(TwoBranchModel):
   """
   score_query_chunk: int = 8
 
+  TEXT_MASS_BRANCHES: ClassVar[tuple[str, ...]] = ('clip',)
+
   def setup(self):
     encoder = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, block='v1',
                    dropout=self.dropout, input_dropout=self.input_dropout)
@@ -41,18 +49,33 @@ class MSSL(TwoBranchModel):
     self.clip = SequenceEncoder(max_len=self.max_frames, **encoder)
     self.frame = SequenceEncoder(max_len=self.max_frames, **encoder)
     self.key_clip_attention = KeyClipGuidedAttention(self.hidden_dim)
+    self.radius = self.text_mass_radius()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->
     {'clips': the multi-scale clips `[B, Lc (Lc + 1) / 2, D]`, 'frames': `[B, Lf, D]`,
-    'frame_mask': `[B, Lf]`}."""
+    'frame_mask': `[B, Lf]`}, with text mass also `key [B]` (`video_seed`)."""
     clips = self.clip(videos['clip_feats'], None, deterministic)
     frames = self.frame(videos['frame_feats'], videos['frame_mask'], deterministic)
-    return {'clips': exhaustive_clips(clips), 'frames': frames,
-            'frame_mask': videos['frame_mask']}
+    return self.with_key({'clips': exhaustive_clips(clips), 'frames': frames,
+                          'frame_mask': videos['frame_mask']}, videos)
+
+  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {'clip': videos['clips']}
 
   def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
-    """`[Q, B]` fused scores, `score_query_chunk` queries at a time."""
+    """`[Q, B]` fused scores, `score_query_chunk` queries at a time (with text mass, the
+    sampled clip branch by `text_mass_score` plus the weighted deterministic frame score)."""
+    scores = self._chunked_scores(queries, videos)
+    if self.stochastic_text:
+      scores = scores + self.text_mass_score(queries, videos, query_chunk=self._chunk(queries))
+    return scores
+
+  def _chunk(self, queries: jax.Array) -> int:
+    return min(self.score_query_chunk, queries.shape[0])
+
+  def _chunked_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
+    """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f."""
     clips = l2_normalize(videos['clips'])
     key_kernel = self.key_clip_attention.key_kernel
     value_kernel = self.key_clip_attention.value_kernel
@@ -64,15 +87,17 @@ class MSSL(TwoBranchModel):
       attended = key_clip_attention(keys[None], videos['frames'], videos['frame_mask'],
                                     key_kernel, value_kernel)[0]
       frame_scores = l2_normalize(attended) @ l2_normalize(q)
+      if self.stochastic_text:
+        return self.frame_score_weight * frame_scores
       return self._fuse(jnp.max(cosines, axis=-1), frame_scores)
 
-    return jax.lax.map(chunk, queries, batch_size=min(self.score_query_chunk,
-                                                      queries.shape[0]))
+    return jax.lax.map(chunk, queries, batch_size=self._chunk(queries))
 
   def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """The training forward: clip matrices `[Q, B]`, frame matrices `[Q, Q]` (raw dots for
     InfoNCE, cosines for the triplets), the fused eval `scores` `[Q, B]` and the embeddings
-    the plug-in terms need."""
+    the plug-in terms need. Training with text mass: the clip matrices (and `scores`) of the
+    stochastic queries, `clip_support_{scores,logits}` of the support queries."""
     videos = self.encode_videos(batch, deterministic)
     queries = self.encode_queries(batch, deterministic)
     # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
@@ -83,13 +108,22 @@ class MSSL(TwoBranchModel):
     keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
     attended = self.key_clip_attention(keys[None], videos['frames'][own],
                                        videos['frame_mask'][own])[0]
+    scored, support = self.text_mass_training(queries, videos, own, deterministic)
+    if support:  # text mass in training: the clip matrices score the stochastic queries
+      cosines = jnp.einsum('qd,bpd->qbp', l2_normalize(scored['clip']), l2_normalize(clips))
+      scores = (self._chunked_scores(queries, videos)
+                + self.clip_score_weight * jnp.max(cosines, axis=-1))
+    else:
+      scores = self.score(queries, videos)
     return {
-        'scores': self.score(queries, videos),
+        'scores': scores,
         'clip_scores': jnp.max(cosines, axis=-1),
-        'clip_logits': jnp.max(jnp.einsum('qd,bpd->qbp', queries, clips), axis=-1),
+        'clip_logits': jnp.max(jnp.einsum('qd,bpd->qbp', scored['clip'], clips), axis=-1),
         'frame_scores': l2_normalize(queries) @ l2_normalize(attended).T,
         'frame_logits': queries @ attended.T,
         'queries': queries,
         'queries_aux': queries_aux,
         'clips': clips,
+        **{f'clip_support_{kind}': max_similarity(support['clip'], clips, kind == 'scores')
+           for kind in ('scores', 'logits') if support},
     }

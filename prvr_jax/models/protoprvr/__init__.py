@@ -12,17 +12,18 @@ bytes (a tenth of MS-SL's 1,008,128).
 from prvr_jax.models.protoprvr.model import ProtoPRVR
 from prvr_jax.models.protoprvr.objective import objective
 from prvr_jax.models.spec import ModelSpec
-from prvr_jax.models.two_branch import OFFICIAL_NO_DECAY
+from prvr_jax.models.two_branch import OFFICIAL_NO_DECAY, TEXT_MASS_SPEC
 
 SPEC = ModelSpec(
     name='protoprvr', module=ProtoPRVR, objective=objective,
-    rng_streams=('dropout', 'negatives', 'masking'), no_decay=OFFICIAL_NO_DECAY,
+    rng_streams=('dropout', 'negatives', 'masking', 'sampling'), no_decay=OFFICIAL_NO_DECAY,
     # Softmax is shift invariant: no key bias of an attention gets a gradient, nor the bias of
     # the feature decoders' mixing weights (softmax over the prototypes); the text
     # decoder's cross-attention has a single key (the retrieved prototype), so its softmax
     # is 1 and its query and key projections get none either.
     gradient_free=(r'/attention/key/bias$', r'_decoder/weight/bias$',
                    r'^text_decoder/cross_attention/attention/(query|key)/'),
-    param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762})
+    param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762},
+    **TEXT_MASS_SPEC)
 
 __all__ = ['ProtoPRVR', 'SPEC', 'objective']

@@ -5,7 +5,8 @@ one attention block) and forms the 528 exhaustive multi-scale clips; the frame b
 the frames. A prototype generator (`prvr_jax.layers.prototypes`) aggregates each branch into
 `num_prototypes` vectors, which are all that is stored. The query tokens are encoded once and
 attention-pooled to one vector per branch. Score per branch: max over the prototypes of the
-cosine; S = clip_score_weight * S_c + frame_score_weight * S_f.
+cosine; S = clip_score_weight * S_c + frame_score_weight * S_f. Text mass (`stochastic_text`)
+applies to both branches (each branch's query vector with its own radius, one noise draw).
 
 The training forward also returns what the prototype losses need (docs/protoprvr.md):
 the retrieved prototype's reconstruction of masked query tokens, the prototypes'
@@ -104,6 +105,7 @@ class ProtoPRVR(TwoBranchModel):
                                            self.dropout)
     self.clip_decoder = BroadcastDecoder(self.hidden_dim, self.num_clips)
     self.frame_decoder = BroadcastDecoder(self.hidden_dim, self.max_frames)
+    self.radius = self.text_mass_radius()
 
   def _prototypes(self, videos: Batch, deterministic: bool
                   ) -> dict[str, tuple[jax.Array, jax.Array]]:
@@ -116,9 +118,16 @@ class ProtoPRVR(TwoBranchModel):
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->
-    {'clip_prototypes', 'frame_prototypes'}, each `[B, P, D]`."""
-    return {f'{branch}_prototypes': prototypes
-            for branch, (prototypes, _) in self._prototypes(videos, deterministic).items()}
+    {'clip_prototypes', 'frame_prototypes'}, each `[B, P, D]`, with text mass also `key [B]`
+    (`video_seed`)."""
+    return self.with_key({f'{branch}_prototypes': prototypes for branch, (prototypes, _)
+                          in self._prototypes(videos, deterministic).items()}, videos)
+
+  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {branch: videos[f'{branch}_prototypes'] for branch in BRANCHES}
+
+  def branch_query(self, queries: Mapping[str, jax.Array], branch: str) -> jax.Array:
+    return queries[branch]
 
   def _query_tokens(self, queries: Batch, deterministic: bool) -> jax.Array:
     return self.query(queries['query_feats'], queries['query_mask'], deterministic)
@@ -134,7 +143,9 @@ class ProtoPRVR(TwoBranchModel):
   def score(self, queries: Mapping[str, jax.Array], videos: Mapping[str, jax.Array]
             ) -> jax.Array:
     """`[Q, B]`: clip_score_weight * max-prototype cosine (clip) + frame_score_weight * the
-    same of the frame branch."""
+    same of the frame branch (with text mass: `text_mass_score`)."""
+    if self.stochastic_text:
+      return self.text_mass_score(queries, videos)
     return self._fuse(*(max_similarity(queries[b], videos[f'{b}_prototypes'], cosine=True)
                         for b in BRANCHES))
 
@@ -163,21 +174,32 @@ class ProtoPRVR(TwoBranchModel):
     `masked_tokens [Q, M, Dq]` (`masked_real [Q, M]`); `<b>_reconstruction` of
     `<b>_reconstruction_target` (`[B, L, Dv]`); `<b>_first_share [Q, 2]`, the retrieved
     prototype's attention on the first video of the pair (query's video, next video) and of
-    the pair (previous video, query's video)."""
+    the pair (previous video, query's video). Training with text mass: `<b>_scores` /
+    `<b>_logits` of the stochastic queries, `<b>_support_{scores,logits}` of the support
+    queries."""
     prototypes = self._prototypes(batch, deterministic)
     tokens = self._query_tokens(batch, deterministic)
     queries = self._pool(tokens, batch['query_mask'])
     own = batch['query_video']
     num_queries = own.shape[0]
+    stored = self.with_key({f'{b}_prototypes': prototypes[b][0] for b in BRANCHES}, batch)
+    # Text mass in training: the retrieval matrices score the stochastic queries (the
+    # prototype terms keep the deterministic ones).
+    scored, support = self.text_mass_training(queries, stored, own, deterministic)
     out = {}
     cosines = {}
     for branch in BRANCHES:
       protos = prototypes[branch][0]
       cosines[branch] = _cosines(queries[branch], protos)
-      out[f'{branch}_scores'] = jnp.max(cosines[branch], axis=-1)
-      out[f'{branch}_logits'] = max_similarity(queries[branch], protos, cosine=False)
+      out[f'{branch}_scores'] = jnp.max(
+          _cosines(scored[branch], protos) if support else cosines[branch], axis=-1)
+      out[f'{branch}_logits'] = max_similarity(scored[branch], protos, cosine=False)
       out[f'{branch}_prototypes'] = protos
-    out['scores'] = self._fuse(out['clip_scores'], out['frame_scores'])
+      if support:
+        out[f'{branch}_support_scores'] = max_similarity(support[branch], protos, cosine=True)
+        out[f'{branch}_support_logits'] = max_similarity(support[branch], protos, cosine=False)
+    out['scores'] = (self.score(queries, stored) if self.stochastic_text and deterministic
+                     else self._fuse(out['clip_scores'], out['frame_scores']))
 
     # Cross-modal: masked tokens rebuilt from the query's best prototype in its own video.
     positions, masked = self._masked_positions(batch['query_mask'], deterministic)
