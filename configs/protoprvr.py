@@ -72,12 +72,5 @@ ABLATIONS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: 'VARIANT' or 'VARIANT,ABLATION'."""
-  variant, _, ablation = (arg or '').partition(',')
-  config = config_lib.build_config(variant or None, model=MODEL, loss=LOSS,
-                                   per_dataset=PER_DATASET)
-  if ablation:
-    if ablation not in ABLATIONS:
-      raise ValueError(f'unknown ProtoPRVR ablation {ablation!r} (in --config=...:{arg}); '
-                       f'expected one of {", ".join(ABLATIONS)}')
-    config_lib.apply_overrides(config, ABLATIONS[ablation])
-  return config
+  return config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET,
+                                 options=ABLATIONS, options_name='ablation')

@@ -73,18 +73,12 @@ OPTIONS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: 'VARIANT' or 'VARIANT,OPTION'."""
-  variant, _, option = (arg or '').partition(',')
-  config = config_lib.build_config(variant or None, model=MODEL, loss=LOSS,
-                                   per_dataset=PER_DATASET)
+  config = config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET,
+                                   options=OPTIONS)
   # Data: feature shards, or (a CLIP backbone) annotations and frame folders.
   config.data.source = 'frames' if config.model.backbone else 'shards'
   config.data.train_pairs = config.data.get('train_pairs', False)
   config.data.annotations = ''
   config.data.frames_dir = ''
   config.data.clip_vocab = ''  # '' = PRVR_CLIP_VOCAB or an installed open_clip's vocabulary
-  if option:
-    if option not in OPTIONS:
-      raise ValueError(f'unknown T-MASS option {option!r} (in --config=...:{arg}); expected '
-                       f'one of {", ".join(OPTIONS)}')
-    config_lib.apply_overrides(config, OPTIONS[option])
   return config

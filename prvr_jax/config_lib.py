@@ -150,17 +150,29 @@ def apply_overrides(config: ml_collections.ConfigDict, values: Mapping[str, Any]
 
 
 def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, Any],
-                 per_dataset: Mapping[str, Mapping[str, Any]]) -> ml_collections.ConfigDict:
+                 per_dataset: Mapping[str, Mapping[str, Any]],
+                 options: Mapping[str, Mapping[str, Any]] | None = None,
+                 options_name: str = 'option') -> ml_collections.ConfigDict:
   """The config of one model for the variant `arg`.
 
   Args:
-    arg: the `:arg` of `--config=file.py:arg` (see `parse_variant`).
+    arg: the `:arg` of `--config=file.py:arg` (see `parse_variant`); with `options`,
+      'VARIANT' or 'VARIANT,OPTION'.
     model: the model's `config.model` fields (its `name` among them).
     loss: the model's `config.loss` fields common to every variant.
     per_dataset: variant -> dotted-key values (`{'optim.lr': 3e-4, 'loss.margin': 0.1}`),
       one entry per variant of `VARIANTS` the model offers.
+    options: named dotted-key overrides applied over any variant (ablations, recipes);
+      `options_name` is what an error calls them.
   """
-  variant = parse_variant(arg)
+  option = ''
+  if options is not None:
+    full_arg = arg
+    arg, _, option = (arg or '').partition(',')
+    if option and option not in options:
+      raise ValueError(f'unknown {model["name"]} {options_name} {option!r} (in '
+                       f'--config=...:{full_arg}); expected one of {", ".join(options)}')
+  variant = parse_variant(arg or None)
   if variant not in per_dataset:
     raise ValueError(f'model {model["name"]!r} has no config variant {variant!r}; it offers '
                      f'{", ".join(per_dataset)}')
@@ -169,6 +181,8 @@ def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, A
   config.loss.update(loss)
   apply_overrides(config, per_dataset[variant])
   apply_overrides(config, SMALL_VARIANTS.get(variant, {}))
+  if option:
+    apply_overrides(config, options[option])
   return config
 
 

@@ -208,7 +208,7 @@ def test_default_stores_92160_bytes_per_video():
 
 
 def test_config_args_are_checked():
-  with pytest.raises(ValueError, match=r"unknown ProtoPRVR ablation 'table9' .*table4_retrieval"):
+  with pytest.raises(ValueError, match=r"unknown protoprvr ablation 'table9' .*table4_retrieval"):
     support.load_config(CONFIG, 'tvr,table9')
   with pytest.raises(ValueError, match=r"no config variant 'charades'; it offers"):
     support.load_config(CONFIG, 'charades')
