@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from prvr_jax import parallel, train
+from prvr_jax import checkpoint, models, parallel, train
 from prvr_jax.data import text_video
 from prvr_jax.train import data as train_data
 import support
@@ -54,6 +54,15 @@ def test_training_on_frames_fine_tunes_clip_and_evaluates(tmp_path):
   config.eval.update(video_batch_size=2, query_batch_size=2)
   workdir = str(tmp_path / 'run')
   out = train.train_and_evaluate(config, workdir)
+  # CLIP is fine-tuned: both towers moved from their initialisation (at the backbone lr).
+  spec = models.get_spec(config.model)
+  params_rng, _ = jax.random.split(jax.random.PRNGKey(config.train.seed))
+  initial = jax.jit(lambda k: spec.init_params(config.model, k))(params_rng)
+  trained, _ = checkpoint.load_params(workdir, config, parallel.make_mesh())
+  for tower in ('visual', 'text'):
+    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                         trained[tower], initial[tower])
+    assert max(jax.tree.leaves(moved)) > 0, tower
   assert out['num_queries'] == 2 and out['num_videos'] == 2
   assert out['r1'] in (0.0, 50.0, 100.0) and np.isfinite(out['meanr'])
   with open(os.path.join(workdir, 'test_metrics.json')) as f:
