@@ -62,3 +62,13 @@ def config_path(tmp_path_factory) -> str:
   path.parent.mkdir(exist_ok=True)
   path.write_text(TINY_CONFIG)
   return str(path)
+
+
+@pytest.fixture(scope='session')
+def reference_run(tmp_path_factory, config_path, tiny_data, xla_cache) -> pathlib.Path:
+  """An uninterrupted tiny run of `TINY_CONFIG` on one device (tests only read it)."""
+  from support import run_cli  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp('reference')
+  run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
+          f'--workdir={workdir}', cache_dir=xla_cache)
+  return workdir

@@ -32,11 +32,13 @@ def _records(workdir, split):
           for r in read_jsonl(workdir / 'metrics.jsonl') if r['split'] == split]
 
 
-def test_one_device_four_devices_two_hosts_agree(tmp_path, config_path, tiny_data, xla_cache):
-  runs = {name: tmp_path / name for name in ('one_device', 'four_devices', 'two_hosts')}
-  for name, devices in (('one_device', 1), ('four_devices', 4)):
-    run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
-            f'--workdir={runs[name]}', cache_dir=xla_cache, devices=devices)
+def test_one_device_four_devices_two_hosts_agree(tmp_path, reference_run, config_path, tiny_data,
+                                                 xla_cache):
+  # The one-device run is the session's reference run (conftest.py).
+  runs = {'one_device': reference_run, **{name: tmp_path / name
+                                           for name in ('four_devices', 'two_hosts')}}
+  run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
+          f'--workdir={runs["four_devices"]}', cache_dir=xla_cache, devices=4)
   _train_two_processes(config_path, tiny_data, runs['two_hosts'])
 
   reference, step = load_latest_params(runs['one_device'], config_path)

@@ -6,7 +6,6 @@ persistent XLA compilation cache, so the programs compile once per test session.
 
 import json
 import os
-import pathlib
 import shutil
 
 import jax
@@ -20,15 +19,6 @@ STEPS_PER_EPOCH, EPOCHS = 3, 2  # 24 train videos / batch 8; config 'tiny'
 
 def comparable(records: list[dict]) -> list[dict]:
   return [{k: v for k, v in r.items() if k != 'steps_per_sec'} for r in records]
-
-
-@pytest.fixture(scope='module')
-def reference_run(tmp_path_factory, config_path, tiny_data, xla_cache) -> pathlib.Path:
-  """An uninterrupted tiny run."""
-  workdir = tmp_path_factory.mktemp('reference')
-  run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
-          f'--workdir={workdir}', cache_dir=xla_cache)
-  return workdir
 
 
 def tiny_test_index(tiny_data: str):
