@@ -13,7 +13,7 @@ of a split once and every caption once (`EvalSplit`), so it ranks like every oth
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -89,13 +89,24 @@ def train_batches(config: Any, data: FrameData, start_step: int, mesh: Mesh
       data.split('train'), data.dir, tokenize=data.tokenize, batch_size=config.train.batch_size,
       num_frames=config.model.num_frames, train_augment=True, shuffle=True,
       seed=config.train.seed, num_epochs=None, size=data.image_size)
-  rows = np.arange(config.train.batch_size, dtype=np.int32)
-  for step, batch in enumerate(batches):
+  return global_pair_batches(({'frames': b['frames'], 'tokens': b['tokens'], 'valid': b['valid']}
+                              for b in batches), start_step, mesh)
+
+
+def global_pair_batches(pairs: Iterable[dict[str, np.ndarray]], start_step: int, mesh: Mesh
+                        ) -> Iterator[dict[str, jax.Array]]:
+  """(video, caption) pair batches in the batch contract, from step `start_step` on (earlier
+  ones are read and dropped), sharded on `mesh`.
+
+  `pairs` yields the model's inputs plus `valid [B]`; row i is caption i with its own video.
+  """
+  for step, batch in enumerate(pairs):
     if step < start_step:
       continue
+    valid = batch.pop('valid')
+    rows = np.arange(len(valid), dtype=np.int32)
     yield parallel.shard_global_view(
-        {'frames': batch['frames'], 'tokens': batch['tokens'], 'query_video': rows,
-         'query_valid': batch['valid'], 'video_valid': batch['valid']}, mesh)
+        {**batch, 'query_video': rows, 'query_valid': valid, 'video_valid': valid}, mesh)
 
 
 def eval_streams(config: Any, data: FrameData, split: str

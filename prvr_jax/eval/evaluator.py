@@ -172,10 +172,12 @@ class Evaluator:
 
   def evaluate(self, params: Any, data: EvalSplit) -> EvalResult:
     """Encodes the gallery, ranks every query, computes the metrics of one split."""
-    seeds = video_seeds(data.video_ids)
-    gallery = self.encode_gallery(params, (
-        {**batch, VIDEO_SEED: seeds[np.maximum(np.asarray(batch[VIDEO_KEY]), 0)]}
-        for batch in data.video_batches()))
+    video_batches = data.video_batches()
+    if VIDEO_SEED in self.video_inputs:  # models that draw noise per video
+      seeds = video_seeds(data.video_ids)
+      video_batches = ({**batch, VIDEO_SEED: seeds[np.maximum(np.asarray(batch[VIDEO_KEY]), 0)]}
+                       for batch in video_batches)
+    gallery = self.encode_gallery(params, video_batches)
     num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
     columns = gallery.keys >= 0
     video_keys = gallery.keys[columns]

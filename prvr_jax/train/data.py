@@ -3,7 +3,6 @@
 from collections.abc import Iterator
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 import ml_collections
 
@@ -59,15 +58,10 @@ def train_batches(config: ml_collections.ConfigDict,
 
 def _feature_pairs(config: ml_collections.ConfigDict, start_step: int, mesh: Mesh
                    ) -> Iterator[dict[str, jax.Array]]:
-  """Pair batches of a feature release (`text_video.feature_pairs`) in the batch contract:
-  row i is caption i with its own video; earlier steps are read and dropped."""
+  """Pair batches of a feature release (`text_video.feature_pairs`) in the batch contract."""
   pairs = text_video.feature_pairs(config.data.dir, config.data.collection,
                                    config.data.train_split, batch_size=config.train.batch_size,
                                    shuffle=True, seed=config.train.seed, num_epochs=None)
-  rows = np.arange(config.train.batch_size, dtype=np.int32)
-  for step, batch in enumerate(pairs):
-    if step >= start_step:
-      yield parallel.shard_global_view(
-          {'clip_feats': batch['video_feats'], 'query_feats': batch['text_feats'][:, None],
-           'query_video': rows, 'query_valid': batch['valid'], 'video_valid': batch['valid']},
-          mesh)
+  return frame_data.global_pair_batches(
+      ({'clip_feats': b['video_feats'], 'query_feats': b['text_feats'][:, None],
+        'valid': b['valid']} for b in pairs), start_step, mesh)

@@ -42,7 +42,7 @@ def frame_similarities(texts: jax.Array, frames: jax.Array) -> jax.Array:
 
 
 class TMASS(nn.Module):
-  """T-MASS on frozen CLIP features.
+  """T-MASS on frozen CLIP features, or with a CLIP backbone trained end to end.
 
   Attributes:
     hidden_dim: the joint embedding width D (CLIP's 512; the feature dims must equal it).
