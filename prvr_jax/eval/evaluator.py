@@ -17,7 +17,7 @@ batch (`ModelSpec.encoding_depends_on_batch`, GMMFormer's frame windows) are onl
 on the official chunks: consecutive videos in first-appearance order.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import dataclasses
 import functools
 from typing import Any
@@ -33,6 +33,7 @@ from prvr_jax.files import short
 from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY, VIDEO_SEED
 from prvr_jax.eval.splits import video_seeds
 from prvr_jax.models import registry
+from prvr_jax.models.spec import ModelSpec
 
 
 @dataclasses.dataclass
@@ -77,6 +78,23 @@ def text_to_video_ranks(scores: jax.Array, gallery_keys: jax.Array, gt_keys: jax
           jnp.any(valid & ~jnp.isfinite(scores), axis=1))
 
 
+def score_keys(spec: ModelSpec, score_seed: int) -> dict[str, jax.Array]:
+  """The RNG keys `spec`'s `score` draws from (one per `score_rng_streams` name), the same
+  for the evaluator and the index so that both give a pair the same score."""
+  base_key = jax.random.key(score_seed)
+  return {name: jax.random.fold_in(base_key, i)
+          for i, name in enumerate(spec.score_rng_streams)}
+
+
+def with_video_seeds(video_batches: Iterable[Mapping[str, np.ndarray]],
+                     video_ids: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+  """Video batches with `video_seed` (a hash of each row's video id; padding rows take the
+  first video's), for models that draw noise per video."""
+  seeds = video_seeds(video_ids)
+  for batch in video_batches:
+    yield {**batch, VIDEO_SEED: seeds[np.maximum(np.asarray(batch[VIDEO_KEY]), 0)]}
+
+
 class Evaluator:
   """Jitted gallery encoding and query ranking for one model on one mesh.
 
@@ -104,9 +122,7 @@ class Evaluator:
     sharded = parallel.sharded(mesh)
     replicated = parallel.replicated(mesh)
     columns = NamedSharding(mesh, P(None, parallel.DATA_AXIS))
-    base_key = jax.random.key(score_seed)
-    score_rngs = {name: jax.random.fold_in(base_key, i)
-                  for i, name in enumerate(self.spec.score_rng_streams)}
+    score_rngs = score_keys(self.spec, score_seed)
 
     @functools.partial(jax.jit, out_shardings=sharded)
     def encode_videos(params, videos):
@@ -146,10 +162,10 @@ class Evaluator:
     inputs = parallel.shard_global_view({k: batch[k] for k in inputs}, self.mesh, rows)
     return inputs, parallel.pad_rows(keys, rows, value=-1)
 
-  def encode_gallery(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
-                     ) -> Gallery:
-    """Encodes every video batch (global view on every host) into one sharded gallery."""
-    chunks, keys = [], []
+  def encode_batches(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
+                     ) -> Iterator[tuple[Any, np.ndarray]]:
+    """(encodings sharded on `data`, `[rows]` video keys with -1 for padding) of every video
+    batch (global view on every host)."""
     for i, batch in enumerate(video_batches):
       inputs, chunk_keys = self._device_rows(batch, self.video_inputs, VIDEO_KEY,
                                              self.video_rows)
@@ -162,7 +178,14 @@ class Evaluator:
               f'{self.spec.name} with this config encodes a video differently in another '
               f'batch, so it is evaluated on the official chunks: consecutive chunks of '
               f'{self.video_batch_size} videos in first-appearance order.')
-      chunks.append(self._encode_videos(params, inputs))
+      yield self._encode_videos(params, inputs), chunk_keys
+
+  def encode_gallery(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
+                     ) -> Gallery:
+    """Encodes every video batch (global view on every host) into one sharded gallery."""
+    chunks, keys = [], []
+    for encodings, chunk_keys in self.encode_batches(params, video_batches):
+      chunks.append(encodings)
       keys.append(chunk_keys)
     if not chunks:
       raise ValueError('The evaluation split has no videos.')
@@ -170,14 +193,18 @@ class Evaluator:
     return Gallery(self._concat(chunks), keys,
                    parallel.shard_global_view(keys, self.mesh, len(keys)))
 
-  def evaluate(self, params: Any, data: EvalSplit) -> EvalResult:
-    """Encodes the gallery, ranks every query, computes the metrics of one split."""
-    video_batches = data.video_batches()
+  def video_batches(self, data: EvalSplit) -> Iterable[Mapping[str, np.ndarray]]:
+    """The split's video batches with what this model reads (`video_seed` where needed)."""
     if VIDEO_SEED in self.video_inputs:  # models that draw noise per video
-      seeds = video_seeds(data.video_ids)
-      video_batches = ({**batch, VIDEO_SEED: seeds[np.maximum(np.asarray(batch[VIDEO_KEY]), 0)]}
-                       for batch in video_batches)
-    gallery = self.encode_gallery(params, video_batches)
+      return with_video_seeds(data.video_batches(), data.video_ids)
+    return data.video_batches()
+
+  def evaluate(self, params: Any, data: EvalSplit, gallery: Gallery | None = None
+               ) -> EvalResult:
+    """Encodes the gallery (or takes `gallery`, e.g. from an index, keyed like the split's
+    videos), ranks every query, computes the metrics of one split."""
+    if gallery is None:
+      gallery = self.encode_gallery(params, self.video_batches(data))
     num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
     columns = gallery.keys >= 0
     video_keys = gallery.keys[columns]

@@ -116,6 +116,10 @@ class ModelSpec:
       every update (CLIP's logit scale); 'hf_adamw' only.
     fingerprint_exempt: `config.model` fields a checkpoint does not depend on (evaluation-only
       settings, the path of initial weights): changing them keeps resuming and evaluating.
+    candidate_set: the stored leaf (a set `[L, D]` per video) whose vectors an approximate
+      index searches for two-stage retrieval (`prvr_jax.index`): max-over-set cosine.
+    candidate_query: the part of the query encoding matched against `candidate_set` (None:
+      the encoding is one `[Q, D]` array).
   """
   name: str
   module: type[nn.Module]
@@ -135,6 +139,8 @@ class ModelSpec:
   backbone: tuple[str, ...] = ()
   upper_bounds: tuple[tuple[str, float], ...] = ()
   fingerprint_exempt: tuple[str, ...] = ()
+  candidate_set: str = 'clips'
+  candidate_query: str | None = None
 
   def inputs(self, config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(video inputs, query inputs): the batch keys `config.model`'s module reads."""

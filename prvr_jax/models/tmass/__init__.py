@@ -27,6 +27,8 @@ SPEC = ModelSpec(
     backbone=(r'^logit_scale$', r'^(visual|text)/'), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
     # Samples per pair at evaluation, and where CLIP's initial weights came from.
     fingerprint_exempt=('num_samples', 'clip_weights'),
-    param_counts={'msrvtt_features': 1_323_009, 'msrvtt': 152_600_321})
+    param_counts={'msrvtt_features': 1_323_009, 'msrvtt': 152_600_321},
+    # Two-stage search proposes videos by their best frame (X-Pool re-scores them).
+    candidate_set='frames')
 
 __all__ = ['SPEC', 'TMASS', 'objective']

@@ -1,0 +1,77 @@
+"""Building an index from a model and a split, and handing an index to the evaluator.
+
+  index = build_index(config, params, eval_split(config, shards, 'test'), '/idx/tvr_test',
+                      dtype='int8')
+  gallery = evaluation_gallery(index, evaluator, split)   # Evaluator.evaluate(..., gallery=)
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from prvr_jax import parallel
+from prvr_jax.eval.evaluator import Evaluator, Gallery
+from prvr_jax.eval.splits import EvalSplit
+from prvr_jax.files import short
+from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
+from prvr_jax.index.search import unflatten
+
+
+def build_index(config: ml_collections.ConfigDict, params: Any, data: EvalSplit, out_dir: str,
+                dtype: str = 'float32', shard_videos: int = 100_000, overwrite: bool = False,
+                mesh: Any = None, info: Mapping[str, Any] | None = None) -> Index:
+  """Encodes every video of `data` with `config.model` (its `encode_videos`, batches of
+  `config.eval.video_batch_size` sharded over the mesh, as the evaluator does) and writes the
+  index, `shard_videos` videos per shard. Process 0 writes; every process returns the index.
+  """
+  mesh = mesh if mesh is not None else parallel.make_mesh()
+  evaluator = Evaluator.from_config(config, mesh)
+  writer = None
+  if jax.process_index() == 0:
+    writer = IndexWriter(out_dir, config.model, params, dtype=dtype, shard_videos=shard_videos,
+                         overwrite=overwrite, info=info)
+  for encodings, keys in evaluator.encode_batches(params, evaluator.video_batches(data)):
+    host = parallel.to_host(encodings)
+    real = keys >= 0
+    if writer is not None:
+      writer.add(jax.tree.map(lambda x: np.asarray(x)[real], host),
+                 [data.video_ids[k] for k in keys[real]])
+  if writer is not None:
+    writer.close()
+  parallel.sync('index_written')
+  return open_index(out_dir)
+
+
+def dequantized_rows(index: Index) -> dict[str, np.ndarray]:
+  """Every stored leaf of the whole index as float32 (int leaves as stored), in row order."""
+  out = {}
+  for leaf, desc in index.leaves.items():
+    parts = [shard.arrays[leaf] for shard in index.shards]
+    kind = 'float32' if desc['exact'] else index.dtype
+    out[leaf] = np.concatenate([np.asarray(dequantize(
+        jnp.asarray(np.asarray(p['values'])),
+        jnp.asarray(np.asarray(p['scale'])) if 'scale' in p else None, kind)) for p in parts])
+  return out
+
+
+def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> Gallery:
+  """The evaluator's gallery from an index holding exactly the split's videos (any order)."""
+  keys_of = {video_id: key for key, video_id in enumerate(data.video_ids)}
+  missing = [v for v in data.video_ids if v not in set(index.ids)]
+  extra = [v for v in index.ids if v not in keys_of]
+  if missing or extra:
+    raise IndexFormatError(
+        f'{index.path} does not hold the videos of the evaluation split: '
+        f'{len(missing)} of its {len(data.video_ids)} videos are missing (first: '
+        f'{short(missing[:3])}), {len(extra)} others are indexed (first: {short(extra[:3])}). '
+        'Build the index from this split.')
+  keys = np.array([keys_of[v] for v in index.ids], np.int64)
+  rows = parallel.round_up(len(keys), jax.device_count())
+  encodings = parallel.shard_global_view(unflatten(dequantized_rows(index)), evaluator.mesh,
+                                         rows)
+  padded = parallel.pad_rows(keys, rows, value=-1)
+  return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))

@@ -1,0 +1,426 @@
+"""The on-disk index: a model's stored representation of a gallery, its ids, and the model.
+
+Layout of an index folder (written by `IndexWriter`, read by `open_index`):
+
+  index.json                 the manifest, written last (its presence means "complete"):
+                             format version, model name and config fingerprint, the
+                             `config.model` section, storage dtype, every stored leaf's
+                             per-video shape, and per shard its video count and the size and
+                             sha256 of every file
+  params.npz                 the model's parameters (query encoder and scorer), no pickles
+  shards/00000/<leaf>.npy    rows of one shard, one file per stored leaf ('a/b' -> 'a.b')
+  shards/00000/<leaf>.scale.npy   int8 only: one float32 scale per stored vector
+  shards/00000/ids.json      the shard's video ids, in row order
+
+Storage dtypes: 'float32' (exact), 'bfloat16', or 'int8' with one scale per vector (the last
+axis): `x ~ q * scale`, `scale = max|x| / 127`. Masks (leaves named `*mask`) and integer
+leaves (the per-video noise seed) are always stored exactly.
+
+A gallery larger than host memory is built shard by shard: `IndexWriter.add` holds at most one
+shard of rows in memory, and a search reads the shards through memory maps, chunk by chunk.
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from prvr_jax import checkpoint
+from prvr_jax import files
+from prvr_jax.files import short
+from prvr_jax.models import registry
+from prvr_jax.models.spec import path_of
+
+FORMAT = 'prvr_jax.index'
+FORMAT_VERSION = 1
+MANIFEST = 'index.json'
+PARAMS_FILE = 'params.npz'
+SHARDS_DIR = 'shards'
+IDS_FILE = 'ids.json'
+STORAGE_DTYPES = ('float32', 'bfloat16', 'int8')
+INT8_MAX = 127.0
+_HASH_BLOCK = 1 << 24
+
+
+class IndexFormatError(ValueError):
+  """A damaged, incomplete or mismatching index; the message names the file at fault."""
+
+
+def exact_leaf(name: str, dtype: np.dtype) -> bool:
+  """Whether a stored leaf keeps its values exactly at any storage dtype (masks, integers)."""
+  return name.split('/')[-1].endswith('mask') or not np.issubdtype(dtype, np.floating)
+
+
+def leaf_file(name: str) -> str:
+  return name.replace('/', '.') + '.npy'
+
+
+def scale_file(name: str) -> str:
+  return name.replace('/', '.') + '.scale.npy'
+
+
+def quantize(x: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+  """Float rows -> what is written: {'values'} (+ {'scale'}, `x.shape[:-1]` float32, for int8).
+
+  bfloat16 values are kept as their uint16 bit patterns (.npy has no bfloat16)."""
+  x = np.asarray(x, np.float32)
+  if dtype == 'float32':
+    return {'values': x}
+  if dtype == 'bfloat16':
+    return {'values': np.asarray(jnp.asarray(x, jnp.bfloat16)).view(np.uint16)}
+  scale = np.max(np.abs(x), axis=-1) / INT8_MAX
+  safe = np.where(scale > 0, scale, 1.0)[..., None]
+  values = np.clip(np.rint(x / safe), -INT8_MAX, INT8_MAX).astype(np.int8)
+  return {'values': values, 'scale': scale.astype(np.float32)}
+
+
+def dequantize(values: jax.Array, scale: jax.Array | None, dtype: str) -> jax.Array:
+  """The inverse of `quantize`, on device: float32 rows."""
+  if dtype == 'float32':
+    return values
+  if dtype == 'bfloat16':
+    return jax.lax.bitcast_convert_type(values, jnp.bfloat16).astype(jnp.float32)
+  return values.astype(jnp.float32) * scale[..., None]
+
+
+def sha256_of(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while block := f.read(_HASH_BLOCK):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _file_entry(folder: str, relative: str) -> dict[str, Any]:
+  path = os.path.join(folder, relative)
+  return {'bytes': os.path.getsize(path), 'sha256': sha256_of(path)}
+
+
+def flatten_params(params: Any) -> dict[str, np.ndarray]:
+  """'a/b/c' path -> host array, for `params.npz`."""
+  return {path_of(path): np.asarray(jax.device_get(leaf))
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One shard of an open index: `arrays[leaf]` = {'values'(, 'scale')} memory maps."""
+  name: str
+  ids: tuple[str, ...]
+  arrays: Mapping[str, Mapping[str, np.ndarray]]
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+
+class IndexWriter:
+  """Writes an index folder shard by shard.
+
+    writer = IndexWriter(out_dir, config_model, params, dtype='int8', shard_videos=50_000)
+    for stored, ids in encoded_batches:   # host pytrees with leading axis B, B video ids
+      writer.add(stored, ids)
+    writer.close()                        # flushes the last shard, writes index.json
+
+  The folder must not exist or be empty (`overwrite=True` replaces an existing index).
+  Rows are kept in the order added; ids must be unique.
+  """
+
+  def __init__(self, out_dir: str, config_model: ml_collections.ConfigDict, params: Any,
+               dtype: str = 'float32', shard_videos: int = 100_000, overwrite: bool = False,
+               info: Mapping[str, Any] | None = None):
+    if dtype not in STORAGE_DTYPES:
+      raise ValueError(f'Index storage dtype {dtype!r}; expected one of {STORAGE_DTYPES}.')
+    if shard_videos < 1:
+      raise ValueError(f'shard_videos={shard_videos}; expected a positive count.')
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+      raise ValueError(f'{out_dir} is a file, not an index folder.')
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+      if not overwrite:
+        raise ValueError(f'{out_dir} is not empty; choose a new folder or pass overwrite.')
+      if not os.path.isfile(os.path.join(out_dir, MANIFEST)):
+        raise ValueError(f'{out_dir} is not empty and holds no index ({MANIFEST}); refusing '
+                         'to replace it.')
+      shutil.rmtree(out_dir)
+    os.makedirs(os.path.join(out_dir, SHARDS_DIR))
+    self.out_dir = out_dir
+    self.config_model = config_model
+    self.dtype = dtype
+    self.shard_videos = shard_videos
+    self.info = dict(info or {})
+    self.spec = registry.get_spec(config_model)
+    self.leaves = {name: (tuple(s.shape), np.dtype(s.dtype))
+                   for name, s in self.spec.stored_per_video(config_model).items()}
+    flat = flatten_params(params)
+    files.write_atomic(os.path.join(out_dir, PARAMS_FILE),
+                       lambda f: np.savez(f, **flat))
+    self.params_entry = _file_entry(out_dir, PARAMS_FILE)
+    self.shards: list[dict[str, Any]] = []
+    self.seen: set[str] = set()
+    self.pending: list[tuple[dict[str, np.ndarray], list[str]]] = []
+    self.pending_rows = 0
+    self.closed = False
+
+  def add(self, stored: Mapping[str, Any], ids: Sequence[str]) -> None:
+    """Appends rows: `stored` the model's encoding pytree (leading axis B) on the host or
+    device, `ids` the B video ids."""
+    flat = {path_of(path): np.asarray(jax.device_get(leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(stored)}
+    if set(flat) != set(self.leaves):
+      raise ValueError(f'Encoded videos hold {sorted(flat)}, but {self.spec.name} stores '
+                       f'{sorted(self.leaves)}.')
+    ids = [str(i) for i in ids]
+    for name, array in flat.items():
+      shape, _ = self.leaves[name]
+      if array.shape != (len(ids),) + shape:
+        raise ValueError(f'Encoded leaf {name!r} has shape {array.shape}, expected '
+                         f'{(len(ids),) + shape} for {len(ids)} ids.')
+    for video_id in ids:
+      if video_id in self.seen:
+        raise ValueError(f'Video id {short(video_id)} is added to the index twice.')
+      self.seen.add(video_id)
+    start = 0
+    while start < len(ids):
+      take = min(len(ids) - start, self.shard_videos - self.pending_rows)
+      self.pending.append(({k: v[start:start + take] for k, v in flat.items()},
+                           ids[start:start + take]))
+      self.pending_rows += take
+      start += take
+      if self.pending_rows == self.shard_videos:
+        self._flush()
+
+  def _flush(self) -> None:
+    if not self.pending_rows:
+      return
+    name = f'{len(self.shards):05d}'
+    folder = os.path.join(self.out_dir, SHARDS_DIR, name)
+    os.makedirs(folder)
+    ids = [i for _, chunk_ids in self.pending for i in chunk_ids]
+    entry: dict[str, Any] = {'name': name, 'num_videos': len(ids), 'files': {}}
+    outputs = {IDS_FILE: files.json_writer(ids)}
+    for leaf, (_, leaf_dtype) in self.leaves.items():
+      rows = np.concatenate([chunk[leaf] for chunk, _ in self.pending])
+      if exact_leaf(leaf, leaf_dtype):
+        parts = {'values': rows}
+      else:
+        parts = quantize(rows, self.dtype)
+      outputs[leaf_file(leaf)] = files.npy_writer(parts['values'])
+      if 'scale' in parts:
+        outputs[scale_file(leaf)] = files.npy_writer(parts['scale'])
+    files.publish(folder, outputs, marker=IDS_FILE)
+    entry['files'] = {f: _file_entry(folder, f) for f in sorted(outputs)}
+    self.shards.append(entry)
+    self.pending, self.pending_rows = [], 0
+
+  def close(self) -> 'Index':
+    """Writes the last shard and the manifest; returns the index, opened."""
+    if self.closed:
+      raise ValueError(f'{self.out_dir}: the index writer is already closed.')
+    self._flush()
+    if not self.shards:
+      raise ValueError(f'{self.out_dir}: no videos were added to the index.')
+    fingerprint = checkpoint.model_fingerprint(ml_collections.ConfigDict(
+        {'model': self.config_model}))
+    manifest = {
+        'format': FORMAT, 'format_version': FORMAT_VERSION, **fingerprint,
+        'config_model': self.config_model.to_dict(), 'dtype': self.dtype,
+        'leaves': {k: {'shape': list(shape), 'dtype': dt.name,
+                       'exact': exact_leaf(k, dt)} for k, (shape, dt) in self.leaves.items()},
+        'num_videos': sum(s['num_videos'] for s in self.shards),
+        'bytes_per_video': bytes_per_video(self.leaves, self.dtype),
+        'params': self.params_entry, 'shards': self.shards,
+        'created': files.utc_now(), 'info': self.info}
+    files.write_json(os.path.join(self.out_dir, MANIFEST), manifest)
+    self.closed = True
+    return open_index(self.out_dir)
+
+
+def bytes_per_video(leaves: Mapping[str, tuple[tuple[int, ...], np.dtype]], dtype: str) -> int:
+  """Bytes one video occupies in an index of storage `dtype` (int8 scales included)."""
+  total = 0
+  for name, (shape, leaf_dtype) in leaves.items():
+    count = math.prod(shape)
+    if exact_leaf(name, leaf_dtype):
+      total += count * leaf_dtype.itemsize
+    elif dtype == 'int8':
+      total += count + 4 * math.prod(shape[:-1])
+    else:
+      total += count * (2 if dtype == 'bfloat16' else 4)
+  return total
+
+
+class Index:
+  """An open index folder. Build with `IndexWriter` / `build.build_index`, open with
+  `open_index`.
+
+  Attributes:
+    path, manifest: the folder and its index.json.
+    config_model: the `config.model` it was built with.
+    dtype: storage dtype.
+    shards: the shards, in row order (memory maps).
+    ids: every video id in row order.
+  """
+
+  def __init__(self, path: str, manifest: dict[str, Any], shards: list[Shard]):
+    self.path = path
+    self.manifest = manifest
+    self.config_model = ml_collections.ConfigDict(manifest['config_model'])
+    self.dtype = manifest['dtype']
+    self.shards = shards
+    self.ids = tuple(i for s in shards for i in s.ids)
+    self.spec = registry.get_spec(self.config_model)
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+  @property
+  def leaves(self) -> dict[str, dict[str, Any]]:
+    return self.manifest['leaves']
+
+  def check_config(self, config: ml_collections.ConfigDict, flag: str = '--config') -> None:
+    """Raises when `config.model` is not the model this index was built with."""
+    want = checkpoint.model_fingerprint(config)
+    have = {k: self.manifest.get(k) for k in want}
+    if have != want:
+      raise IndexFormatError(
+          f'{self.path} was built by model {have["model"]!r} (model config hash '
+          f'{have["model_config_hash"]}), but {flag} describes model {want["model"]!r} (hash '
+          f'{want["model_config_hash"]}). Use the config the index was built with, or rebuild '
+          'the index with this model.')
+
+  def params(self) -> Any:
+    """The model's parameters (host arrays), checked against the model's shapes."""
+    path = os.path.join(self.path, PARAMS_FILE)
+    if sha256_of(path) != self.manifest['params']['sha256']:
+      raise IndexFormatError(f'{path} does not match its checksum in {MANIFEST}: the file is '
+                             'damaged or was replaced. Rebuild the index.')
+    shapes = self.spec.param_shapes(self.config_model)
+    with np.load(path, allow_pickle=False) as data:
+      stored = {k: data[k] for k in data.files}
+    want = {path_of(p): s for p, s in jax.tree_util.tree_leaves_with_path(shapes)}
+    if set(stored) != set(want):
+      raise IndexFormatError(
+          f'{path} holds parameters {sorted(set(stored) ^ set(want))[:5]} that do not match '
+          f'model {self.spec.name} of {self.path}/{MANIFEST}.')
+    for name, shape in want.items():
+      if stored[name].shape != shape.shape:
+        raise IndexFormatError(f'{path}: parameter {name} has shape {stored[name].shape}, '
+                               f'the model expects {shape.shape}.')
+    return jax.tree_util.tree_map_with_path(
+        lambda p, s: stored[path_of(p)].astype(s.dtype), shapes)
+
+  def rows(self) -> Iterator[tuple[int, Shard]]:
+    """(first row, shard) of every shard."""
+    start = 0
+    for shard in self.shards:
+      yield start, shard
+      start += len(shard)
+
+  def verify(self) -> None:
+    """Checks the sha256 of every file against the manifest (reads the whole index)."""
+    entries = [(PARAMS_FILE, self.manifest['params'])]
+    for shard in self.manifest['shards']:
+      entries += [(os.path.join(SHARDS_DIR, shard['name'], f), e)
+                  for f, e in shard['files'].items()]
+    for relative, entry in entries:
+      if sha256_of(os.path.join(self.path, relative)) != entry['sha256']:
+        raise IndexFormatError(f'{os.path.join(self.path, relative)} does not match the '
+                               f'checksum in {MANIFEST}: the file is damaged or was replaced. '
+                               'Rebuild the index.')
+
+
+def _manifest(path: str) -> dict[str, Any]:
+  manifest_path = os.path.join(path, MANIFEST)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'Index folder {path} does not exist.')
+  if not os.path.isfile(manifest_path):
+    raise IndexFormatError(f'{path} holds no {MANIFEST}: not an index, or its build did not '
+                           'finish.')
+  try:
+    with open(manifest_path, encoding='utf-8') as f:
+      manifest = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise IndexFormatError(f'{manifest_path} is not valid JSON ({e}).') from None
+  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+    raise IndexFormatError(f'{manifest_path} is not a {FORMAT} manifest.')
+  if manifest.get('format_version') != FORMAT_VERSION:
+    raise IndexFormatError(f'{manifest_path} has format version '
+                           f'{manifest.get("format_version")}; this prvr_jax reads version '
+                           f'{FORMAT_VERSION}.')
+  missing = [k for k in ('model', 'model_config_hash', 'config_model', 'dtype', 'leaves',
+                         'shards', 'params', 'num_videos') if k not in manifest]
+  if missing or manifest['dtype'] not in STORAGE_DTYPES:
+    raise IndexFormatError(f'{manifest_path} lacks {missing} or has an unknown dtype.')
+  return manifest
+
+
+def _checked_file(path: str, entry: Mapping[str, Any]) -> str:
+  if not os.path.isfile(path):
+    raise IndexFormatError(f'{path} is missing from the index.')
+  size = os.path.getsize(path)
+  if size != entry['bytes']:
+    raise IndexFormatError(f'{path} holds {size} bytes, the manifest says {entry["bytes"]}: '
+                           'the file is truncated or damaged. Rebuild the index.')
+  return path
+
+
+def _open_shard(path: str, manifest: dict[str, Any], entry: dict[str, Any]) -> Shard:
+  folder = os.path.join(path, SHARDS_DIR, entry['name'])
+  listed = entry['files']
+  ids_path = _checked_file(os.path.join(folder, IDS_FILE), listed.get(IDS_FILE, {'bytes': -1}))
+  with open(ids_path, 'rb') as f:
+    if hashlib.sha256(f.read()).hexdigest() != listed[IDS_FILE]['sha256']:
+      raise IndexFormatError(f'{ids_path} does not match its checksum in {MANIFEST}.')
+  with open(ids_path, encoding='utf-8') as f:
+    ids = json.load(f)
+  n = entry['num_videos']
+  if not isinstance(ids, list) or len(ids) != n or not all(isinstance(i, str) for i in ids):
+    raise IndexFormatError(f'{ids_path} does not hold the {n} video ids of its shard.')
+  arrays = {}
+  for leaf, desc in manifest['leaves'].items():
+    shape = tuple(desc['shape'])
+    parts = {'values': (leaf_file(leaf), (n,) + shape)}
+    if not desc['exact'] and manifest['dtype'] == 'int8':
+      parts['scale'] = (scale_file(leaf), (n,) + shape[:-1])
+    arrays[leaf] = {}
+    for part, (name, want_shape) in parts.items():
+      file_path = _checked_file(os.path.join(folder, name), listed.get(name, {'bytes': -1}))
+      try:
+        array = np.load(file_path, mmap_mode='r', allow_pickle=False)
+      except ValueError as e:
+        raise IndexFormatError(f'{file_path} is not a readable .npy file ({e}).') from None
+      if array.shape != want_shape:
+        raise IndexFormatError(f'{file_path} has shape {array.shape}, the manifest implies '
+                               f'{want_shape}.')
+      arrays[leaf][part] = array
+  return Shard(entry['name'], tuple(ids), arrays)
+
+
+def open_index(path: str, config: ml_collections.ConfigDict | None = None,
+               verify: bool = False) -> Index:
+  """Opens an index folder: checks its manifest, every file's size and shape and the ids
+  (checksums of the arrays with `verify`), and with `config` that the index is of
+  `config.model`."""
+  path = os.path.abspath(path)
+  manifest = _manifest(path)
+  _checked_file(os.path.join(path, PARAMS_FILE), manifest['params'])
+  shards = [_open_shard(path, manifest, entry) for entry in manifest['shards']]
+  index = Index(path, manifest, shards)
+  if len(index) != manifest['num_videos']:
+    raise IndexFormatError(f'{path}/{MANIFEST}: the shards hold {len(index)} videos, the '
+                           f'manifest says {manifest["num_videos"]}.')
+  if len(set(index.ids)) != len(index.ids):
+    raise IndexFormatError(f'{path}: a video id appears in two rows.')
+  if config is not None:
+    index.check_config(config)
+  if verify:
+    index.verify()
+  return index
