@@ -4,6 +4,8 @@ r"""Evaluates a checkpoint (ours or an official PyTorch one) on the val or test 
       --checkpoint=/tmp/gmmformer_v2_tvr --split=test --output_dir=/tmp/eval
   python evaluate.py --config=configs/gmmformer_v2.py:tvr --config.data.dir=/data/tvr \
       --checkpoint=/path/to/official/best.ckpt
+  python evaluate.py --config=configs/gmmformer_v2.py:tvr --config.data.dir=/data/tvr \
+      --index=/idx/tvr_test       # a built index of the split (python -m prvr_jax.index build)
 
 Writes `<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V
 groups when spans are known) and `<output_dir>/scores.npy` ([queries in caption-file
@@ -24,6 +26,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _CHECKPOINT = flags.DEFINE_string(
     'checkpoint', None, 'A train.py workdir (its best checkpoint), a checkpoint folder in it, '
     'or an official PyTorch .ckpt/.pth file.')
+_INDEX = flags.DEFINE_string(
+    'index', None, 'Evaluate from an index of the split built by `python -m prvr_jax.index '
+    'build` (its stored videos and model; nothing is re-encoded) instead of --checkpoint.')
 _SPLIT = flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
@@ -42,10 +47,11 @@ def main(argv: list[str]) -> None:
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
   eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value,
-                               _CROSS_DATASET.value)
+                               _CROSS_DATASET.value, index_dir=_INDEX.value)
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'checkpoint'])
+  flags.mark_flags_as_required(['config'])
+  flags.mark_flags_as_mutual_exclusive(['checkpoint', 'index'], required=True)
   config_lib.check_override_flags(sys.argv)
   app.run(main)

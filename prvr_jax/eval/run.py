@@ -62,45 +62,88 @@ def check_data(trained_on: Mapping[str, Any] | None, evaluated_on: Mapping[str, 
   return not same
 
 
-def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
-                        output_dir: str | None = None, cross_dataset: bool = False
-                        ) -> EvalResult:
-  """Loads, evaluates and writes the outputs (process 0 writes).
-
-  Args:
-    config: the model and data config.
-    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file.
-    split: 'test' or 'val'.
-    output_dir: default `<workdir>/eval_<split>` for our checkpoints,
-      `<file without suffix>_eval_<split>` for official files.
-    cross_dataset: allow evaluating one of our checkpoints on data other than its own split
-      (`check_data`); the outputs record `cross_dataset: true`.
-  """
-  config_lib.validate(config)
-  if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
-    raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
+def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fallback_dir: str,
+                             cross_dataset: bool = False) -> dict[str, Any]:
+  """What evaluating or indexing `split` with a checkpoint needs: {'mesh', 'params', 'info'
+  (`checkpoint.load_params`), 'shards', 'data' (the split's `EvalSplit`), 'evaluated_on' (the
+  data identity), 'cross' (`check_data`)}. Data is looked for in the checkpoint's workdir,
+  else `fallback_dir`."""
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
-  if output_dir is None:
-    if info['workdir'] is not None:
-      output_dir = os.path.join(info['workdir'], f'eval_{split}')
-    else:
-      output_dir = f'{os.path.splitext(checkpoint_path)[0]}_eval_{split}'
   # Synthetic data / prepared shards are found again in the training workdir.
-  shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
+  shards = pipeline.open_run_data(config, info['workdir'] or fallback_dir)
   split_name = config.data.get(f'{split}_split', split)
   evaluated_on = shards.identity()
   cross = check_data(info['data'], evaluated_on, split_name, checkpoint_path, cross_dataset)
   if cross:
-    logging.warning('Cross-dataset evaluation: %s was trained on other data than split %r of '
-                    '%s.', checkpoint_path, split_name, shards.dir)
-  result = Evaluator.from_config(config, mesh).evaluate(params, eval_split(config, shards, split))
+    logging.warning('Cross-dataset: %s was trained on other data than split %r of %s.',
+                    checkpoint_path, split_name, shards.dir)
+  return dict(mesh=mesh, params=params, info=info, shards=shards,
+              data=eval_split(config, shards, split), evaluated_on=evaluated_on, cross=cross)
+
+
+def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:
+  """`<workdir>/eval_<split>` for our checkpoints, `<file without suffix>_eval_<split>` for
+  official files."""
+  if info.get('workdir'):
+    return os.path.join(info['workdir'], f'eval_{split}')
+  return f'{os.path.splitext(checkpoint_path)[0]}_eval_{split}'
+
+
+def evaluate_checkpoint(config: Any, checkpoint_path: str | None, split: str = 'test',
+                        output_dir: str | None = None, cross_dataset: bool = False,
+                        index_dir: str | None = None) -> EvalResult:
+  """Loads, evaluates and writes the outputs (process 0 writes).
+
+  Args:
+    config: the model and data config.
+    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file;
+      None with `index_dir`.
+    split: 'test' or 'val'.
+    output_dir: default `<workdir>/eval_<split>` for our checkpoints,
+      `<file without suffix>_eval_<split>` for official files and indexes.
+    cross_dataset: allow evaluating one of our checkpoints on data other than its own split
+      (`check_data`); the outputs record `cross_dataset: true`.
+    index_dir: evaluate from a built index (`prvr_jax.index`) of the split's videos: its
+      stored videos and its model are used, nothing is re-encoded.
+  """
+  config_lib.validate(config)
+  if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
+  if (checkpoint_path is None) == (index_dir is None):
+    raise ValueError('Give exactly one of --checkpoint and --index.')
+  if index_dir is not None:
+    from prvr_jax import index as index_lib  # pylint: disable=g-import-not-at-top
+    index = index_lib.open_index(index_dir, config, verify=True)
+    built = index.manifest['info']
+    info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
+            'data': built.get('trained_on')}
+    output_dir = output_dir or f'{index.path}_eval_{split}'
+    mesh = parallel.make_mesh()
+    shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
+    evaluated_on = shards.identity()
+    cross = check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),
+                       index.path, cross_dataset)
+    data = eval_split(config, shards, split)
+    evaluator = Evaluator.from_config(config, mesh)
+    result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
+                                gallery=index_lib.evaluation_gallery(index, evaluator, data))
+    source = index.path
+  else:
+    loaded = load_checkpoint_and_data(
+        config, checkpoint_path, split,
+        output_dir or _default_output_dir({}, checkpoint_path, split), cross_dataset)
+    info, evaluated_on, cross = loaded['info'], loaded['evaluated_on'], loaded['cross']
+    output_dir = output_dir or _default_output_dir(info, checkpoint_path, split)
+    result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
+                                                                    loaded['data'])
+    source = checkpoint_path
   if jax.process_index() == 0:
     write_outputs(output_dir, result, {
         'split': split, 'checkpoint': info['path'], 'checkpoint_source': info['source'],
         'model': config.model.name, 'data': evaluated_on, 'trained_on': info['data'],
         'cross_dataset': cross})
   logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s',
-               checkpoint_path, split,
+               source, split,
                *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)
   return result

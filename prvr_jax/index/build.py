@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from prvr_jax import config_lib
 from prvr_jax import parallel
 from prvr_jax.eval.evaluator import Evaluator, Gallery
 from prvr_jax.eval.splits import EvalSplit
@@ -75,3 +76,22 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
                                          rows)
   padded = parallel.pad_rows(keys, rows, value=-1)
   return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))
+
+
+def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: str, split: str,
+                          out_dir: str, dtype: str = 'float32', shard_videos: int = 100_000,
+                          overwrite: bool = False, cross_dataset: bool = False) -> Index:
+  """`build_index` of `split` with a checkpoint (ours or official), found as evaluate.py finds
+  it; the manifest records the checkpoint, its workdir and the data identities, so that
+  `evaluate.py --index` checks the data as `--checkpoint` would."""
+  from prvr_jax.eval import run  # pylint: disable=g-import-not-at-top
+  config_lib.validate(config)
+  loaded = run.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
+                                        cross_dataset)
+  info = loaded['info']
+  return build_index(config, loaded['params'], loaded['data'], out_dir, dtype=dtype,
+                     shard_videos=shard_videos, overwrite=overwrite, mesh=loaded['mesh'],
+                     info={'checkpoint': info['path'], 'checkpoint_source': info['source'],
+                           'workdir': info['workdir'], 'trained_on': info['data'],
+                           'split': split, 'data': loaded['evaluated_on'],
+                           'cross_dataset': loaded['cross']})

@@ -193,9 +193,11 @@ class Searcher:
     """Exact top-k of every query: `queries` holds the model's query inputs `[Q, ...]`."""
     k = self._check_k(k)
     batches = self._query_batches(queries)
-    state = [(jnp.full((self.query_batch_size, k), -jnp.inf),
-              jnp.full((self.query_batch_size, k), -1, jnp.int32),
-              jnp.zeros((self.query_batch_size,), bool)) for _ in batches]
+    # Committed replicated buffers: the donated running lists keep their layout.
+    state = [jax.device_put((jnp.full((self.query_batch_size, k), -jnp.inf),
+                             jnp.full((self.query_batch_size, k), -1, jnp.int32),
+                             jnp.zeros((self.query_batch_size,), bool)),
+                            parallel.replicated(self.mesh)) for _ in batches]
     for chunk, rows in self._device_chunks():
       state = [self._merge_chunk(k, self.params, encoded, chunk, rows, *running)
                for (encoded, _), running in zip(batches, state)]

@@ -1,0 +1,121 @@
+r"""The index from the command line.
+
+  # Encode the test split once with a checkpoint (ours or official), int8 storage:
+  python -m prvr_jax.index build --config=configs/gmmformer_v2.py:tvr \
+      --config.data.dir=/data/tvr --checkpoint=/runs/gmmformer_v2 --split=test \
+      --out=/idx/tvr_test --dtype=int8
+  # Top 100 videos of every query of a file (.npz / .h5 features, .txt texts for CLIP models):
+  python -m prvr_jax.index search --index=/idx/tvr_test --queries=queries.h5 --k=100 \
+      --output=results.jsonl
+  # What an index holds; --verify checks every file's sha256:
+  python -m prvr_jax.index info --index=/idx/tvr_test --verify
+
+search writes one JSON line per query: {"query": id, "videos": [ids], "scores": [floats]}.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from prvr_jax import config_lib
+from prvr_jax import parallel
+
+COMMANDS = ('build', 'search', 'info')
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'build: config file[:variant] of the model and the data.', lock_config=True)
+_CHECKPOINT = flags.DEFINE_string(
+    'checkpoint', None, 'build: a train.py workdir / checkpoint folder, or an official PyTorch '
+    'checkpoint file.')
+_SPLIT = flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed.')
+_OUT = flags.DEFINE_string('out', None, 'build: the new index folder.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16', 'int8'],
+                           'build: storage of the vectors (int8: one scale per vector).')
+_SHARD_VIDEOS = flags.DEFINE_integer('shard_videos', 100_000,
+                                     'build: videos per shard (host memory holds one).')
+_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'build: replace an existing index at --out.')
+_CROSS_DATASET = flags.DEFINE_bool('cross_dataset', False,
+                                   'build: index data other than the checkpoint\'s own split.')
+_INDEX = flags.DEFINE_string('index', None, 'search / info: the index folder.')
+_QUERIES = flags.DEFINE_string('queries', None, 'search: the query file (.npz, .h5, .txt).')
+_K = flags.DEFINE_integer('k', 100, 'search: videos returned per query.')
+_OUTPUT = flags.DEFINE_string('output', None, 'search: JSON-lines output (default stdout).')
+_QUERY_BATCH = flags.DEFINE_integer('query_batch_size', 256, 'search: queries per batch.')
+_CANDIDATES = flags.DEFINE_string(
+    'candidates', None, 'search: a candidate file of this index (two-stage search); only its '
+    '--num_candidates proposals per query are scored exactly.')
+_NUM_CANDIDATES = flags.DEFINE_integer('num_candidates', 1000, 'search: two-stage candidates.')
+_VERIFY = flags.DEFINE_bool('verify', False, 'info / search: check every file\'s sha256.')
+parallel.define_distributed_flags()
+
+
+def _require(**values) -> None:
+  missing = [f'--{name}' for name, value in values.items() if value is None]
+  if missing:
+    raise app.UsageError(f'{", ".join(missing)} required.')
+
+
+def _build() -> None:
+  from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from prvr_jax.index import build  # pylint: disable=g-import-not-at-top
+  _require(config=_CONFIG.value, checkpoint=_CHECKPOINT.value, out=_OUT.value)
+  checkpoint.quiet_library_logs()
+  index = build.build_from_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUT.value,
+                                      _DTYPE.value, _SHARD_VIDEOS.value, _OVERWRITE.value,
+                                      _CROSS_DATASET.value)
+  print(f'{index.path}: {len(index)} videos of model {index.spec.name}, {index.dtype}, '
+        f'{index.manifest["bytes_per_video"]} bytes per video.')
+
+
+def _search() -> None:
+  from prvr_jax.index import queries as queries_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.index import search, store  # pylint: disable=g-import-not-at-top
+  _require(index=_INDEX.value, queries=_QUERIES.value)
+  index = store.open_index(_INDEX.value, verify=_VERIFY.value)
+  inputs = index.spec.inputs(index.config_model)[1]
+  queries, ids = queries_lib.read_queries(_QUERIES.value, inputs, index.config_model)
+  searcher = search.Searcher(index, query_batch_size=_QUERY_BATCH.value)
+  if _CANDIDATES.value:
+    from prvr_jax.index import candidates  # pylint: disable=g-import-not-at-top
+    result = searcher.search_two_stage(
+        queries, candidates.CandidateIndex.load(_CANDIDATES.value, index),
+        _NUM_CANDIDATES.value, k=_K.value, query_ids=ids)
+  else:
+    result = searcher.search(queries, k=_K.value, query_ids=ids)
+  lines = [json.dumps({'query': query_id, 'videos': videos,
+                       'scores': [round(float(s), 6) for s in scores]})
+           for query_id, videos, scores in zip(ids, result.ids, result.scores)]
+  text = '\n'.join(lines) + '\n'
+  if _OUTPUT.value:
+    from prvr_jax import files  # pylint: disable=g-import-not-at-top
+    files.write_atomic(_OUTPUT.value, lambda f: f.write(text.encode('utf-8')))
+  else:
+    sys.stdout.write(text)
+
+
+def _info() -> None:
+  from prvr_jax.index import store  # pylint: disable=g-import-not-at-top
+  _require(index=_INDEX.value)
+  index = store.open_index(_INDEX.value, verify=_VERIFY.value)
+  manifest = index.manifest
+  summary = {k: manifest[k] for k in ('model', 'model_config_hash', 'dtype', 'num_videos',
+                                      'bytes_per_video', 'leaves', 'created', 'info')}
+  summary['shards'] = len(manifest['shards'])
+  summary['verified'] = _VERIFY.value
+  print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2 or argv[1] not in COMMANDS:
+    raise app.UsageError(f'Usage: python -m prvr_jax.index {{{",".join(COMMANDS)}}} --flags '
+                         f'(got {argv[1:]}).')
+  parallel.initialize_distributed_from_flags()
+  {'build': _build, 'search': _search, 'info': _info}[argv[1]]()
+
+
+if __name__ == '__main__':
+  config_lib.check_override_flags(sys.argv)
+  app.run(main)
