@@ -8,7 +8,8 @@ float32, bfloat16 and int8 (`prvr_jax.index.build_from_checkpoint`), evaluates e
 evaluator on the index's stored videos (as `evaluate.py --index`), and prints per dtype the
 test R@1/5/10/100, SumR, the change of SumR against float32, the share of queries whose
 ground-truth rank changed and the mean absolute rank change, and the bytes per video.
-Writes the numbers as JSON to `<root>/index_dtypes.json`.
+Writes the numbers as JSON to `<root>/index_dtypes.json` (the figures of docs/index.md:
+benchmarks/results/index_dtypes_amd_epyc.json).
 """
 
 import importlib
