@@ -7,6 +7,11 @@ r"""The index from the command line.
   # Top 100 videos of every query of a file (.npz / .h5 features, .txt texts for CLIP models):
   python -m prvr_jax.index search --index=/idx/tvr_test --queries=queries.h5 --k=100 \
       --output=results.jsonl
+  # Two-stage search of a very large gallery (pip install prvr_jax[ann]): build the faiss
+  # first stage once, then search with it:
+  python -m prvr_jax.index candidates --index=/idx/tvr_test --kind=ivf
+  python -m prvr_jax.index search --index=/idx/tvr_test --queries=queries.h5 \
+      --candidates=/idx/tvr_test/candidates --num_candidates=200
   # What an index holds; --verify checks every file's sha256:
   python -m prvr_jax.index info --index=/idx/tvr_test --verify
 
@@ -14,6 +19,7 @@ search writes one JSON line per query: {"query": id, "videos": [ids], "scores": 
 """
 
 import json
+import os
 import sys
 
 from absl import app
@@ -23,7 +29,7 @@ from ml_collections import config_flags
 from prvr_jax import config_lib
 from prvr_jax import parallel
 
-COMMANDS = ('build', 'search', 'info')
+COMMANDS = ('build', 'search', 'candidates', 'info')
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'build: config file[:variant] of the model and the data.', lock_config=True)
@@ -31,7 +37,9 @@ _CHECKPOINT = flags.DEFINE_string(
     'checkpoint', None, 'build: a train.py workdir / checkpoint folder, or an official PyTorch '
     'checkpoint file.')
 _SPLIT = flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed.')
-_OUT = flags.DEFINE_string('out', None, 'build: the new index folder.')
+_OUT = flags.DEFINE_string('out', None, 'build: the new index folder; candidates: the folder '
+                           'of the candidate files (default <index>/candidates).')
+_KIND = flags.DEFINE_enum('kind', 'ivf', ['ivf', 'flat'], 'candidates: the faiss index kind.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16', 'int8'],
                            'build: storage of the vectors (int8: one scale per vector).')
 _SHARD_VIDEOS = flags.DEFINE_integer('shard_videos', 100_000,
@@ -39,7 +47,7 @@ _SHARD_VIDEOS = flags.DEFINE_integer('shard_videos', 100_000,
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'build: replace an existing index at --out.')
 _CROSS_DATASET = flags.DEFINE_bool('cross_dataset', False,
                                    'build: index data other than the checkpoint\'s own split.')
-_INDEX = flags.DEFINE_string('index', None, 'search / info: the index folder.')
+_INDEX = flags.DEFINE_string('index', None, 'search / candidates / info: the index folder.')
 _QUERIES = flags.DEFINE_string('queries', None, 'search: the query file (.npz, .h5, .txt).')
 _K = flags.DEFINE_integer('k', 100, 'search: videos returned per query.')
 _OUTPUT = flags.DEFINE_string('output', None, 'search: JSON-lines output (default stdout).')
@@ -47,7 +55,9 @@ _QUERY_BATCH = flags.DEFINE_integer('query_batch_size', 256, 'search: queries pe
 _CANDIDATES = flags.DEFINE_string(
     'candidates', None, 'search: a candidate file of this index (two-stage search); only its '
     '--num_candidates proposals per query are scored exactly.')
-_NUM_CANDIDATES = flags.DEFINE_integer('num_candidates', 1000, 'search: two-stage candidates.')
+_NUM_CANDIDATES = flags.DEFINE_integer(
+    'num_candidates', 200, 'search: two-stage candidates per query (docs/two_stage.md: recall '
+    'against speed).')
 _VERIFY = flags.DEFINE_bool('verify', False, 'info / search: check every file\'s sha256.')
 parallel.define_distributed_flags()
 
@@ -96,6 +106,15 @@ def _search() -> None:
     sys.stdout.write(text)
 
 
+def _candidates() -> None:
+  from prvr_jax.index import candidates, store  # pylint: disable=g-import-not-at-top
+  _require(index=_INDEX.value)
+  index = store.open_index(_INDEX.value, verify=_VERIFY.value)
+  out = _OUT.value or os.path.join(index.path, 'candidates')
+  candidates.CandidateIndex.build(index, _KIND.value).save(out)
+  print(f'{out}: {_KIND.value} candidates of the {len(index)} videos of {index.path}.')
+
+
 def _info() -> None:
   from prvr_jax.index import store  # pylint: disable=g-import-not-at-top
   _require(index=_INDEX.value)
@@ -113,7 +132,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Usage: python -m prvr_jax.index {{{",".join(COMMANDS)}}} --flags '
                          f'(got {argv[1:]}).')
   parallel.initialize_distributed_from_flags()
-  {'build': _build, 'search': _search, 'info': _info}[argv[1]]()
+  {'build': _build, 'search': _search, 'candidates': _candidates, 'info': _info}[argv[1]]()
 
 
 if __name__ == '__main__':

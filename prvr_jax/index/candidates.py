@@ -2,26 +2,31 @@
 
 Every element vector of the model's `spec.candidate_set` leaf (a set `[L, D]` per video) is
 read shard by shard, chunk by chunk, dequantized as `store.dequantize` does, L2-normalized and
-added to a faiss inner-product index whose id is the element's video row (all-zero padding
-vectors are skipped). A query's element hits come best first, so a video's first hit carries
-its (approximate) max-over-set cosine: `search` keeps the first hit of each video and searches
-deeper until it has C distinct videos or the index is exhausted.
+added to a faiss inner-product index (all-zero padding vectors are skipped). Its faiss id is
+the element's position in the gallery, `row * L + j`, so `id // L` maps it to its video row.
+A query's element hits come best first, so a video's first hit carries its max-over-set
+cosine (among the hits): `search` keeps the first hit of each video and searches deeper until
+it has C distinct videos or the index is exhausted.
 
     candidates = CandidateIndex.build(open_index('/idx'), 'ivf')
-    candidates.save('/idx/candidates')           # later: CandidateIndex.load('/idx/candidates',
-    Searcher(index).search_two_stage(queries, candidates, num_candidates=1000, k=100)
+    candidates.save('/idx/candidates')      # later: CandidateIndex.load('/idx/candidates', index)
+    Searcher(index).search_two_stage(queries, candidates, num_candidates=200, k=100)
 
 Kinds (docs/two_stage.md has the measurements behind the defaults):
   'flat': exact (`IndexFlatIP`): tests, and galleries small enough to scan per query.
   'ivf':  `nlist` k-means lists (trained on `train_size` element vectors sampled with `seed`),
           each vector stored as 4-bit fast-scan product-quantization codes of `m` sub-vectors
-          (`m // 2` bytes, 48 at D=384, plus its 8-byte row); a query scans `nprobe` lists.
+          (`m // 2` bytes, 48 at D=384, plus its 8-byte id); a query scans `nprobe` lists
+          (default `nlist // 8`) for `refine * C` element hits, re-ranks them by their exact
+          cosine with the gallery's own stored vectors (`refine=0`: keeps the codes'
+          approximate order), then keeps C videos.
 
 Files: `<folder>/candidates.faiss` (faiss's own format) and `<folder>/candidates.json` (kind,
 options, the index's identity: the sha256 of its index.json, the vector count), written last.
 """
 
 from collections.abc import Iterator
+import contextlib
 import dataclasses
 import json
 import math
@@ -39,10 +44,13 @@ FORMAT_VERSION = 1
 FAISS_FILE = 'candidates.faiss'
 META_FILE = 'candidates.json'
 KINDS = ('flat', 'ivf')
-IVF_DEFAULTS = {'nlist': None, 'm': None, 'nprobe': 32, 'train_size': None, 'seed': 0}
-BUILD_DEFAULTS = {'chunk_videos': 4096}
-# Element hits asked per wanted candidate in a first search (deeper searches double it).
+IVF_DEFAULTS = {'nlist': None, 'm': None, 'nprobe': None, 'refine': 8, 'train_size': None,
+                'seed': 0}
+CHUNK_VIDEOS = 4096  # videos read per step of a build
+# Element hits asked per wanted candidate in a first search without refinement (deeper
+# searches double it).
 HITS_PER_CANDIDATE = 4
+REFINE_QUERIES = 16  # queries whose hits are re-ranked together (bounds `[q, hits, D]`)
 
 
 def import_faiss() -> Any:
@@ -101,8 +109,8 @@ def _candidate_leaf(index: Index) -> tuple[str, int, int, str]:
 
 
 def _element_chunks(index: Index, chunk_videos: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(normalized non-zero element vectors `[M, D]`, their video rows `[M]` int64) of the
-  candidate set, `chunk_videos` videos at a time."""
+  """(normalized non-zero element vectors `[M, D]`, their ids `[M]` int64) of the candidate
+  set, `chunk_videos` videos at a time."""
   leaf, size, dim, dtype = _candidate_leaf(index)
   for first, shard in index.rows():
     parts = shard.arrays[leaf]
@@ -111,23 +119,30 @@ def _element_chunks(index: Index, chunk_videos: int) -> Iterator[tuple[np.ndarra
       scale = parts['scale'][start:stop] if 'scale' in parts else None
       vectors = dequantize_host(parts['values'][start:stop], scale, dtype).reshape(-1, dim)
       vectors, keep = normalized(vectors)
-      yield vectors, first + start + keep // size
+      yield vectors, (first + start) * size + keep
+
+
+def _elements(index: Index, ids: np.ndarray) -> np.ndarray:
+  """The stored element vectors `[N, D]` float32 of element ids `[N]` (`row * L + j`)."""
+  leaf, size, dim, dtype = _candidate_leaf(index)
+  firsts = np.array([first for first, _ in index.rows()])
+  shard_of = np.searchsorted(firsts, ids // size, side='right') - 1
+  out = np.empty((len(ids), dim), np.float32)
+  for s in np.unique(shard_of):
+    take = np.flatnonzero(shard_of == s)
+    local = ids[take] - firsts[s] * size
+    parts = index.shards[s].arrays[leaf]
+    scale = parts['scale'].reshape(-1)[local] if 'scale' in parts else None
+    out[take] = dequantize_host(parts['values'].reshape(-1, dim)[local], scale, dtype)
+  return out
 
 
 def _training_sample(index: Index, count: int, seed: int) -> np.ndarray:
   """`count` element vectors drawn uniformly without replacement (with `seed`), normalized;
   padding vectors among them dropped."""
-  leaf, size, dim, dtype = _candidate_leaf(index)
-  total = len(index) * size
+  total = len(index) * _candidate_leaf(index)[1]
   picks = np.sort(np.random.default_rng(seed).choice(total, min(count, total), replace=False))
-  samples = []
-  for first, shard in index.rows():
-    stop = first + len(shard)
-    here = picks[(picks >= first * size) & (picks < stop * size)] - first * size
-    parts = shard.arrays[leaf]
-    flat_scale = parts['scale'].reshape(-1)[here] if 'scale' in parts else None
-    samples.append(dequantize_host(parts['values'].reshape(-1, dim)[here], flat_scale, dtype))
-  return normalized(np.concatenate(samples))[0]
+  return normalized(_elements(index, picks))[0]
 
 
 def _resolve(kind: str, options: dict[str, Any], num_elements: int, dim: int
@@ -142,8 +157,10 @@ def _resolve(kind: str, options: dict[str, Any], num_elements: int, dim: int
                      f'{unknown}.')
   resolved = {**known, **options}
   if kind == 'ivf':
-    if resolved['nlist'] is None:  # ~sqrt(N) lists, a power of two, at least 16
-      resolved['nlist'] = 2 ** max(4, round(math.log2(max(num_elements, 1)) / 2))
+    if resolved['nlist'] is None:  # ~sqrt(N) / 2 lists, a power of two, at least 16
+      resolved['nlist'] = 2 ** max(4, round(math.log2(max(num_elements, 1)) / 2 - 1))
+    if resolved['nprobe'] is None:
+      resolved['nprobe'] = max(1, resolved['nlist'] // 8)
     if resolved['m'] is None:
       resolved['m'] = dim // 4
     if resolved['train_size'] is None:  # faiss asks for 39 points per list at least
@@ -161,16 +178,24 @@ class CandidateIndex:
   Attributes:
     index: the gallery it covers.
     kind, options: how it was built (`options` with defaults filled in).
-    faiss_index: the faiss index; ids are video rows.
-    nprobe: lists scanned per query in a first search ('ivf'); may be changed between calls.
+    faiss_index: the faiss index; ids are element ids `row * L + j`.
+    nprobe, refine: 'ivf' search settings (from `options`; may be changed between calls):
+      lists scanned per query in a first search, element hits re-ranked exactly per candidate.
     build_seconds: time to build (None when loaded).
   """
   index: Index
   kind: str
   options: dict[str, Any]
   faiss_index: Any
-  nprobe: int | None = None
   build_seconds: float | None = None
+  nprobe: int | None = dataclasses.field(init=False)
+  refine: int = dataclasses.field(init=False)
+  set_size: int = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.nprobe = self.options.get('nprobe')
+    self.refine = self.options.get('refine', 0)
+    self.set_size = _candidate_leaf(self.index)[1]
 
   @property
   def num_elements(self) -> int:
@@ -179,11 +204,11 @@ class CandidateIndex:
   @classmethod
   def build(cls, index: Index, kind: str = 'ivf', **options: Any) -> 'CandidateIndex':
     """Indexes every non-zero element vector of `index`'s candidate sets (see the module
-    docstring); `options`: 'ivf' takes nlist, m, nprobe, train_size, seed; both kinds take
-    chunk_videos (videos read per step, default 4096)."""
+    docstring); `options`: 'ivf' takes nlist, m, nprobe, refine, train_size, seed; both kinds
+    take chunk_videos (videos read per step, default 4096)."""
     faiss = import_faiss()
     start = time.perf_counter()
-    chunk_videos = options.pop('chunk_videos', BUILD_DEFAULTS['chunk_videos'])
+    chunk_videos = options.pop('chunk_videos', CHUNK_VIDEOS)
     _, size, dim, _ = _candidate_leaf(index)
     options = _resolve(kind, options, len(index) * size, dim)
     if kind == 'flat':
@@ -192,14 +217,14 @@ class CandidateIndex:
       faiss_index = faiss.index_factory(dim, f'IVF{options["nlist"]},PQ{options["m"]}x4fs',
                                         faiss.METRIC_INNER_PRODUCT)
       faiss_index.train(_training_sample(index, options['train_size'], options['seed']))
-    for vectors, rows in _element_chunks(index, chunk_videos):
-      faiss_index.add_with_ids(vectors, rows)
-    return cls(index, kind, options, faiss_index, options.get('nprobe'),
-               time.perf_counter() - start)
+    for vectors, ids in _element_chunks(index, chunk_videos):
+      faiss_index.add_with_ids(vectors, ids)
+    return cls(index, kind, options, faiss_index, time.perf_counter() - start)
 
   def search(self, queries: np.ndarray, num_candidates: int) -> np.ndarray:
     """Query vectors `[Q, D]` -> `[Q, C]` int64 rows of the C distinct videos with the highest
-    (approximate) max element cosine, best first, -1 padded when the index holds fewer."""
+    max element cosine among the element hits found, best first; -1 padded when the index holds
+    fewer videos."""
     faiss = import_faiss()
     queries = np.asarray(queries, np.float32)
     dim = self.faiss_index.d
@@ -211,29 +236,50 @@ class CandidateIndex:
     queries = np.ascontiguousarray(queries / np.where(norms > 0, norms, 1.0), np.float32)
     nlist = self.options.get('nlist')
     nprobe = self.nprobe
-    hits = min(num_candidates * HITS_PER_CANDIDATE, self.num_elements)
+    hits = min(num_candidates * (self.refine or HITS_PER_CANDIDATE), self.num_elements)
     result = np.full((len(queries), num_candidates), -1, np.int64)
-    pending = np.arange(len(queries))
+    pending = np.arange(len(queries)) if self.num_elements else np.arange(0)
     while pending.size:
       params = None if nlist is None else faiss.SearchParametersIVF(nprobe=nprobe)
       _, found = self.faiss_index.search(queries[pending], hits, params=params)
-      rows, distinct = first_distinct(found, num_candidates)
-      result[pending] = rows
-      lists_ran_out = (found < 0).any(axis=1)
-      deeper = hits < self.num_elements or (nlist is not None and nprobe < nlist)
-      pending = pending[(distinct < num_candidates) & deeper]
-      if lists_ran_out.any() and nlist is not None:
+      if self.refine:
+        found = self._refined(queries[pending], found)
+      rows = np.where(found >= 0, found // self.set_size, -1)
+      result[pending], distinct = first_distinct(rows, num_candidates)
+      short = distinct < num_candidates
+      if hits == self.num_elements and (nlist is None or nprobe >= nlist):
+        break  # every vector was ranked: the index is exhausted
+      pending = pending[short]
+      if nlist is not None and (found[short] < 0).any():  # their lists ran out: scan more
         nprobe = min(2 * nprobe, nlist)
       hits = min(2 * hits, self.num_elements)
     return result
+
+  def _refined(self, queries: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Element ids `[Q, K]` (-1: none) re-ordered by their exact cosine with the normalized
+    `queries [Q, D]`, computed from the gallery's stored vectors."""
+    out = np.empty_like(found)
+    for start in range(0, len(found), REFINE_QUERIES):
+      ids = found[start:start + REFINE_QUERIES]
+      vectors = _elements(self.index, np.maximum(ids, 0).reshape(-1)).reshape(
+          ids.shape + (-1,))
+      norms = np.sqrt(np.einsum('qkd,qkd->qk', vectors, vectors))
+      cosines = (np.einsum('qkd,qd->qk', vectors, queries[start:start + REFINE_QUERIES])
+                 / np.where(norms > 0, norms, 1.0))
+      order = np.argsort(np.where(ids >= 0, -cosines, np.inf), axis=1, kind='stable')
+      out[start:start + REFINE_QUERIES] = np.take_along_axis(ids, order, 1)
+    return out
 
   # ----------------------------------------------------------------------------- files
 
   def save(self, path: str) -> None:
     """Writes `path/candidates.faiss`, then `path/candidates.json` (the folder is created;
-    e.g. `os.path.join(index.path, 'candidates')`)."""
+    e.g. `os.path.join(index.path, 'candidates')`); an earlier json goes first, so an
+    interrupted save leaves no json."""
     faiss = import_faiss()
     os.makedirs(path, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(os.path.join(path, META_FILE))
     faiss_path = os.path.join(path, FAISS_FILE)
     files.write_atomic(faiss_path, lambda f: faiss.write_index(
         self.faiss_index, faiss.PyCallbackIOWriter(f.write)))
@@ -278,5 +324,4 @@ class CandidateIndex:
       raise IndexFormatError(f'{faiss_path} holds {faiss_index.ntotal} vectors of width '
                              f'{faiss_index.d}; {meta_path} records {meta["num_elements"]} of '
                              f'width {meta["dim"]}.')
-    return cls(index, meta['kind'], meta['options'], faiss_index,
-               meta['options'].get('nprobe'))
+    return cls(index, meta['kind'], meta['options'], faiss_index)

@@ -207,7 +207,7 @@ class Searcher:
     return self._result(found.astype(np.int64), values)
 
   def search_two_stage(self, queries: Mapping[str, np.ndarray], candidates: CandidateSource,
-                       num_candidates: int, k: int = 100, rescore_batch: int = 8,
+                       num_candidates: int, k: int = 100, rescore_batch: int = 1,
                        query_ids: list[str] | None = None) -> SearchResult:
     """Top-k among the `num_candidates` rows `candidates` proposes per query, scored exactly.
 
