@@ -103,10 +103,6 @@ def test_search_ranks_as_the_evaluator(name, tmp_path):
   from_index = evaluator.evaluate(params, split,
                                   gallery=evaluation_gallery(index, evaluator, split))
   np.testing.assert_array_equal(from_index.ranks, expected.ranks)
-  # int8: the ranking moves little on these random scores (the docs give the measured change).
-  quantized = build_index(config, params, split, str(tmp_path / 'int8'), dtype='int8')
-  int8 = Searcher(quantized, query_batch_size=4).search(queries, k=NUM_VIDEOS)
-  assert np.mean(np.abs(_gt_ranks(int8.rows, gt) - expected.ranks)) <= 1.0
 
 
 def test_quantization_bounds():
