@@ -46,8 +46,13 @@ def main(argv: list[str]) -> None:
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
-  eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value, _OUTPUT_DIR.value,
-                               _CROSS_DATASET.value, index_dir=_INDEX.value)
+  if _INDEX.value:
+    from prvr_jax import index  # pylint: disable=g-import-not-at-top
+    index.evaluate_index(_CONFIG.value, _INDEX.value, _SPLIT.value, _OUTPUT_DIR.value,
+                         _CROSS_DATASET.value)
+  else:
+    eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value,
+                                 _OUTPUT_DIR.value, _CROSS_DATASET.value)
 
 
 if __name__ == '__main__':

@@ -90,54 +90,43 @@ def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: st
   return f'{os.path.splitext(checkpoint_path)[0]}_eval_{split}'
 
 
-def evaluate_checkpoint(config: Any, checkpoint_path: str | None, split: str = 'test',
-                        output_dir: str | None = None, cross_dataset: bool = False,
-                        index_dir: str | None = None) -> EvalResult:
+def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
+                        output_dir: str | None = None, cross_dataset: bool = False
+                        ) -> EvalResult:
   """Loads, evaluates and writes the outputs (process 0 writes).
 
   Args:
     config: the model and data config.
-    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file;
-      None with `index_dir`.
+    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file.
     split: 'test' or 'val'.
     output_dir: default `<workdir>/eval_<split>` for our checkpoints,
-      `<file without suffix>_eval_<split>` for official files and indexes.
+      `<file without suffix>_eval_<split>` for official files.
     cross_dataset: allow evaluating one of our checkpoints on data other than its own split
       (`check_data`); the outputs record `cross_dataset: true`.
-    index_dir: evaluate from a built index (`prvr_jax.index`) of the split's videos: its
-      stored videos and its model are used, nothing is re-encoded.
   """
   config_lib.validate(config)
+  check_output_dir(output_dir)
+  loaded = load_checkpoint_and_data(
+      config, checkpoint_path, split,
+      output_dir or _default_output_dir({}, checkpoint_path, split), cross_dataset)
+  info = loaded['info']
+  output_dir = output_dir or _default_output_dir(info, checkpoint_path, split)
+  result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
+                                                                  loaded['data'])
+  finish(config, result, output_dir, split, info, loaded['evaluated_on'], loaded['cross'],
+         checkpoint_path)
+  return result
+
+
+def check_output_dir(output_dir: str | None) -> None:
   if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
-  if (checkpoint_path is None) == (index_dir is None):
-    raise ValueError('Give exactly one of --checkpoint and --index.')
-  if index_dir is not None:
-    from prvr_jax import index as index_lib  # pylint: disable=g-import-not-at-top
-    index = index_lib.open_index(index_dir, config, verify=True)
-    built = index.manifest['info']
-    info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
-            'data': built.get('trained_on')}
-    output_dir = output_dir or f'{index.path}_eval_{split}'
-    mesh = parallel.make_mesh()
-    shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
-    evaluated_on = shards.identity()
-    cross = check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),
-                       index.path, cross_dataset)
-    data = eval_split(config, shards, split)
-    evaluator = Evaluator.from_config(config, mesh)
-    result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
-                                gallery=index_lib.evaluation_gallery(index, evaluator, data))
-    source = index.path
-  else:
-    loaded = load_checkpoint_and_data(
-        config, checkpoint_path, split,
-        output_dir or _default_output_dir({}, checkpoint_path, split), cross_dataset)
-    info, evaluated_on, cross = loaded['info'], loaded['evaluated_on'], loaded['cross']
-    output_dir = output_dir or _default_output_dir(info, checkpoint_path, split)
-    result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
-                                                                    loaded['data'])
-    source = checkpoint_path
+
+
+def finish(config: Any, result: EvalResult, output_dir: str, split: str,
+           info: Mapping[str, Any], evaluated_on: Mapping[str, Any], cross: bool,
+           source: str) -> None:
+  """Writes the outputs on process 0 (`write_outputs`) and logs the headline metrics."""
   if jax.process_index() == 0:
     write_outputs(output_dir, result, {
         'split': split, 'checkpoint': info['path'], 'checkpoint_source': info['source'],
@@ -146,4 +135,3 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str | None, split: str = '
   logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s',
                source, split,
                *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)
-  return result

@@ -7,10 +7,11 @@
 Command line: `python -m prvr_jax.index {build,search,info}` (docs/index.md).
 """
 
-from prvr_jax.index.build import build_from_checkpoint, build_index, evaluation_gallery
+from prvr_jax.index.build import build_from_checkpoint, build_index, evaluate_index
+from prvr_jax.index.build import evaluation_gallery
 from prvr_jax.index.search import SearchResult, Searcher
 from prvr_jax.index.store import STORAGE_DTYPES, Index, IndexFormatError, IndexWriter
 from prvr_jax.index.store import open_index
 
 __all__ = ['Index', 'IndexFormatError', 'IndexWriter', 'STORAGE_DTYPES', 'SearchResult',
-           'Searcher', 'build_from_checkpoint', 'build_index', 'evaluation_gallery', 'open_index']
+           'Searcher', 'build_from_checkpoint', 'build_index', 'evaluate_index', 'evaluation_gallery', 'open_index']

@@ -15,8 +15,10 @@ import numpy as np
 
 from prvr_jax import config_lib
 from prvr_jax import parallel
-from prvr_jax.eval.evaluator import Evaluator, Gallery
-from prvr_jax.eval.splits import EvalSplit
+from prvr_jax.data import pipeline
+from prvr_jax.eval import run
+from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
+from prvr_jax.eval.splits import EvalSplit, eval_split
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
 from prvr_jax.index.search import unflatten
@@ -84,7 +86,6 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
   """`build_index` of `split` with a checkpoint (ours or official), found as evaluate.py finds
   it; the manifest records the checkpoint, its workdir and the data identities, so that
   `evaluate.py --index` checks the data as `--checkpoint` would."""
-  from prvr_jax.eval import run  # pylint: disable=g-import-not-at-top
   config_lib.validate(config)
   loaded = run.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)
@@ -95,3 +96,29 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
                            'workdir': info['workdir'], 'trained_on': info['data'],
                            'split': split, 'data': loaded['evaluated_on'],
                            'cross_dataset': loaded['cross']})
+
+
+def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str = 'test',
+                   output_dir: str | None = None, cross_dataset: bool = False) -> EvalResult:
+  """`evaluate.py --index`: evaluates `split` on the stored videos of an index of it (its
+  model and parameters; nothing is re-encoded), checks the data as `--checkpoint` would (the
+  index records its checkpoint's training data), and writes the outputs to `output_dir`
+  (default `<index>_eval_<split>`)."""
+  config_lib.validate(config)
+  run.check_output_dir(output_dir)
+  index = open_index(index_dir, config, verify=True)
+  built = index.manifest['info']
+  info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
+          'data': built.get('trained_on')}
+  output_dir = output_dir or f'{index.path}_eval_{split}'
+  mesh = parallel.make_mesh()
+  shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
+  evaluated_on = shards.identity()
+  cross = run.check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),
+                         index.path, cross_dataset)
+  data = eval_split(config, shards, split)
+  evaluator = Evaluator.from_config(config, mesh)
+  result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
+                              gallery=evaluation_gallery(index, evaluator, data))
+  run.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
+  return result

