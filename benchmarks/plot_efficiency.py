@@ -1,0 +1,133 @@
+r"""Draws docs/efficiency.png from a `benchmarks/retrieval.py` JSON.
+
+  python3 benchmarks/plot_efficiency.py \
+      --results=benchmarks/results/retrieval_amd_epyc.json --output=docs/efficiency.png
+
+Left: ms per query against gallery size per model (log-log), our index search solid (less its
+query encoding, as the official path receives encoded queries), the official ranking path
+dashed. Right: test SumR on the synthetic benchmark against bytes
+stored per video at the synthetic config (the picture of a PRVR paper's Figure 1); bytes come
+from `spec.bytes_per_video` of each config's `synthetic` variant, SumR from our docs:
+
+* docs/text_mass_plugin.md, "off" rows (3 seeds, mean +- std): MS-SL 298.5 +- 2.7,
+  GMMFormer v2 284.6 +- 4.8, GMMFormer 253.8 +- 2.7;
+* docs/protoprvr.md, Table 5 (3 seeds): 10 / 20 / 30 / 60 prototypes per branch, SumR
+  213.3 / 199.5 / 194.0 / 186.5 (30 is the config's default);
+* docs/synthetic.md, "Every model" (one run): AMDNet 250.8;
+* docs/tmass.md, "Measured on the synthetic task" (3 seeds): T-MASS 256.9 +- 2.4 with M = 20
+  samples -- a different task (the synthetic text-video retrieval set, 500 test videos, not
+  the PRVR benchmark), drawn hollow.
+"""
+
+from collections.abc import Sequence
+import importlib.util
+import json
+import os
+
+from absl import app
+from absl import flags
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
+
+from prvr_jax import models  # pylint: disable=wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RESULTS = flags.DEFINE_string('results', None, 'JSON written by benchmarks/retrieval.py.')
+_OUTPUT = flags.DEFINE_string('output', os.path.join(ROOT, 'docs', 'efficiency.png'),
+                              'The PNG to write.')
+
+LABELS = {'ms_sl': 'MS-SL', 'gmmformer': 'GMMFormer', 'gmmformer_v2': 'GMMFormer v2',
+          'amdnet': 'AMDNet', 'protoprvr': 'ProtoPRVR', 'tmass': 'T-MASS'}
+COLOURS = dict(zip(LABELS, plt.get_cmap('tab10').colors))
+# model -> [(config overrides of the synthetic variant, test SumR mean, std or None)].
+SYNTHETIC_SUMR = {
+    'ms_sl': [({}, 298.5, 2.7)],
+    'gmmformer_v2': [({}, 284.6, 4.8)],
+    'gmmformer': [({}, 253.8, 2.7)],
+    'amdnet': [({}, 250.8, None)],
+    'protoprvr': [({'num_prototypes': 10}, 213.3, 6.6), ({'num_prototypes': 20}, 199.5, 11.1),
+                  ({}, 194.0, 6.9), ({'num_prototypes': 60}, 186.5, 10.7)],
+    'tmass': [({}, 256.9, 2.4)],
+}
+OTHER_TASK = ('tmass',)
+
+
+def synthetic_bytes(name: str, overrides: dict[str, int]) -> int:
+  """Bytes stored per video at configs/<name>.py:synthetic (with `overrides`)."""
+  spec = importlib.util.spec_from_file_location(f'config_{name}',
+                                                os.path.join(ROOT, 'configs', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config('synthetic')
+  for key, value in overrides.items():
+    config.model[key] = value
+  return models.get_spec(config.model).bytes_per_video(config.model)
+
+
+def plot_speed(ax, report: dict) -> None:
+  for model in report['models']:
+    name = model['model']
+    points = [p for p in model['points'] if 'ours_ms_per_query' in p]
+    ax.plot([p['videos'] for p in points], [p['ours_match_ms_per_query'] for p in points],
+            '-o', color=COLOURS[name], label=LABELS[name], markersize=3)
+    int8 = [p for p in points if p['dtype'] == 'int8']
+    ax.plot([p['videos'] for p in int8], [p['ours_match_ms_per_query'] for p in int8], 'x',
+            color=COLOURS[name], markersize=8)
+    official = [p for p in points if 'official_ms_per_query' in p]
+    if official:
+      ax.plot([p['videos'] for p in official], [p['official_ms_per_query'] for p in official],
+              '--s', color=COLOURS[name], markersize=3, markerfacecolor='none')
+  ax.plot([], [], 'k-', label='ours (index search less query encoding)')
+  ax.plot([], [], 'k--', label='official ranking path')
+  ax.plot([], [], 'kx', label='int8 index (float32 does not fit)')
+  ax.set_xscale('log')
+  ax.set_yscale('log')
+  ax.set_xlabel('gallery size (videos)')
+  ax.set_ylabel('ms per query')
+  machine = report['machine']
+  where = machine['cpu'] if machine['platform'] == 'cpu' else machine['device']
+  ax.set_title(f'Exact top-{report["settings"]["k"]} search, paper-size configs\n{where}, '
+               f'{machine["cpu_count"]} cores, {machine["date"][:10]}', fontsize=9)
+  ax.grid(True, which='both', alpha=0.3)
+  ax.legend(fontsize=7)
+
+
+def plot_accuracy(ax) -> None:
+  for name, rows in SYNTHETIC_SUMR.items():
+    xs = [synthetic_bytes(name, overrides) for overrides, _, _ in rows]
+    ys = [mean for _, mean, _ in rows]
+    errors = [std or 0.0 for _, _, std in rows]
+    hollow = name in OTHER_TASK
+    ax.errorbar(xs, ys, yerr=errors, fmt='-o' if len(rows) > 1 else 'o', color=COLOURS[name],
+                markerfacecolor='none' if hollow else COLOURS[name], capsize=2,
+                label=LABELS[name] + (' (text-video task)' if hollow else ''))
+    if name == 'protoprvr':
+      for x, y, (overrides, _, _) in zip(xs, ys, rows):
+        ax.annotate(str(overrides.get('num_prototypes', 30)), (x, y), fontsize=7,
+                    textcoords='offset points', xytext=(4, 4))
+  ax.set_xscale('log')
+  ax.set_xlabel('bytes stored per video (float32, synthetic config)')
+  ax.set_ylabel('test SumR (synthetic benchmark)')
+  ax.set_title('Accuracy against storage (ProtoPRVR: prototypes per branch)', fontsize=9)
+  ax.grid(True, which='both', alpha=0.3)
+  ax.legend(fontsize=7)
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  if not _RESULTS.value:
+    raise app.UsageError('--results=<retrieval JSON> is required.')
+  with open(_RESULTS.value, encoding='utf-8') as f:
+    report = json.load(f)
+  figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+  plot_speed(left, report)
+  plot_accuracy(right)
+  figure.tight_layout()
+  figure.savefig(_OUTPUT.value, dpi=120)
+  print(f'{_OUTPUT.value} written')
+
+
+if __name__ == '__main__':
+  app.run(main)
