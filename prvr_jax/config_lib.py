@@ -130,6 +130,9 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.test_split = 'test'
   config.data.max_queries_per_batch = 0  # 0: local batch x max captions per video
   config.data.skip_bad_items = False
+  # Before training or preparing, compare the release with its published dims and split sizes
+  # (prvr_jax.data.catalogue); False for a subset or a release of one's own.
+  config.data.check_published = True
   # True accepts a training split that shares videos with the val/test splits (test leakage;
   # recorded in the shard manifest and warned about).
   config.data.allow_split_overlap = False
@@ -289,6 +292,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'data.shuffle_buffer': _integer(1),
     'data.max_queries_per_batch': _integer(0),
     'data.skip_bad_items': _flag,
+    'data.check_published': _flag,
     'data.allow_split_overlap': _flag,
     'data.host_sharded_reading': _flag,
     'data.source': _choice('shards', 'frames'),

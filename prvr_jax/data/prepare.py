@@ -44,6 +44,7 @@ from tensorflow_datasets.core import writer as tfds_writer
 from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax.files import short
+from prvr_jax.data import check
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 
@@ -533,6 +534,7 @@ def _main(argv: Sequence[str]) -> None:
   config_lib.validate(config)
   if not config.data.dir:
     raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
+  check.check_before_run(config)
   path = prepare_from_config(config, out, flags.FLAGS.num_shards)
   with open(path, encoding='utf-8') as f:
     manifest = json.load(f)

@@ -33,6 +33,7 @@ from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax import summary
+from prvr_jax.data import check as data_check
 from prvr_jax.data import pipeline
 from prvr_jax.eval import Evaluator, eval_split
 from prvr_jax.models import registry
@@ -124,6 +125,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if is_main:
       workdir_lib.record_config(workdir, config.to_dict(), checkpoints.latest_step() or 0,
                                 changes)
+    # Every process: the check is read-only, and one process raising alone would leave the
+    # others waiting in open_run_data's barrier.
+    data_check.check_before_run(config)
     shards = pipeline.open_run_data(config, workdir)
     num_epochs = config.train.num_epochs
     epoch_steps = train_data.steps_per_epoch(config, shards)

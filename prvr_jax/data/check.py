@@ -1,0 +1,655 @@
+r"""Checks a feature release against its catalogue entry before a long run.
+
+  python -m prvr_jax.data.check --config=configs/ms_sl.py:tvr --config.data.dir=/data/prvr/tvr
+
+reads the whole release once, streaming (a progress bar on stderr), and prints a short report
+ending in a verdict: `VERDICT: OK`, `VERDICT: PROBLEMS (n)` with one line per problem naming
+the file and the id, or `VERDICT: NOTHING TO CHECK` (the synthetic benchmark, a prepared shard
+folder). It exits 1 when there are problems.
+
+Checked, with the release readers of `prvr_jax.data.release` (and `text_video` for
+annotations read end to end):
+
+* files: the layout's feature files, every split's caption file, the catalogue's extra files;
+* feature dims against the catalogue (`prvr_jax.data.catalogue`) and `config.model`;
+* videos and captions per split against the published split sizes;
+* ids: every caption's video in `video2frames.txt` (or the CLIP video file), every frame id
+  of a video in the BigFile, every caption in the query feature file; ids no split uses are
+  noted; a training split sharing videos with another split;
+* full check only: every stored value finite (each feature row / array read once), and a
+  content checksum of every file, recorded so that a later run says what changed.
+
+`cheap_check(config)` is the part without reading feature values (files, dims from headers and
+HDF5 metadata, counts, ids, file sizes against the checksum record); `check_before_run(config)`
+runs it before long work (training, preparing shards) and raises on problems. Checksums: sha256 of the bytes of text files and of `feature.bin`; for HDF5
+files sha256 of their datasets (name, dtype, shape, values, in name order), computed in the
+same pass that checks the values. They are recorded in `<collection folder>/prvr_checksums.json`
+(or `--record=PATH`) on the first full check; later checks compare with the record, and
+`--update_record` replaces it. See docs/data_check.md.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tqdm
+
+from prvr_jax import files
+from prvr_jax.data import catalogue
+from prvr_jax.data import release as release_lib
+from prvr_jax.files import short
+
+_log = logging.getLogger(__name__)
+
+CHECKSUMS_FILE = 'prvr_checksums.json'
+CHECKSUMS_FORMAT = 'prvr_jax.release_checksums'
+# prepare.MANIFEST, not imported: prepare pulls in TensorFlow Datasets.
+SHARD_MANIFEST = 'manifest.json'
+_BLOCK_BYTES = 32 << 20  # feature.bin is read in blocks of about this size
+_LISTED = 20  # problems printed in full
+
+
+@dataclasses.dataclass
+class Report:
+  """What a check found.
+
+  Attributes:
+    target: the folder checked (collection folder, or annotation folder).
+    expected: the catalogue entry compared with (None: no published figures used).
+    problems: one line per problem, naming the file and the id.
+    notes: facts worth knowing that are not problems.
+    counts: split -> videos and captions found in its caption file.
+    dims: 'visual' / 'query' -> the data's feature dim.
+    checksums: one line on the checksum record.
+    nothing_to_check: why there is no release to check ('' when there is one).
+    full: whether every value was read.
+  """
+  target: str
+  expected: catalogue.FeatureRelease | None = None
+  problems: list[str] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
+  counts: dict[str, catalogue.Count] = dataclasses.field(default_factory=dict)
+  dims: dict[str, int] = dataclasses.field(default_factory=dict)
+  checksums: str = ''
+  nothing_to_check: str = ''
+  full: bool = False
+
+  @property
+  def ok(self) -> bool:
+    return not self.problems
+
+  @property
+  def verdict(self) -> str:
+    if self.problems:
+      return f'VERDICT: PROBLEMS ({len(self.problems)})'
+    return 'VERDICT: NOTHING TO CHECK' if self.nothing_to_check else 'VERDICT: OK'
+
+  def problem(self, text: str) -> None:
+    if text not in self.problems:
+      self.problems.append(text)
+
+  def format(self) -> str:
+    """The printed report; its last block starts with the verdict line."""
+    lines = [f'{"full" if self.full else "cheap"} check of {self.target}']
+    if self.nothing_to_check:
+      lines.append(f'  {self.nothing_to_check}')
+    if self.expected is not None:
+      lines.append(f'  catalogue: {self.expected.name} ({self.expected.title}); figures: '
+                   f'{self.expected.sources}')
+    published = self.expected.split_counts if self.expected is not None else {}
+    for name, c in self.counts.items():
+      p = published.get(name)
+      against = f' (published {p.videos:,} / {p.captions:,})' if p else ''
+      lines.append(f'  {name}: {c.videos:,} videos, {c.captions:,} captions{against}')
+    if self.expected is not None and self.expected.total is not None:
+      t = self.expected.total
+      lines.append(f'  all caption files: published total {t.videos:,} videos / '
+                   f'{t.captions:,} captions')
+    if self.dims:
+      lines.append('  feature dims: ' + ', '.join(f'{k} {v}' for k, v in self.dims.items()))
+    if self.checksums:
+      lines.append(f'  checksums: {self.checksums}')
+    lines += [f'  note: {n}' for n in self.notes]
+    lines.append(self.verdict)
+    if self.problems:
+      lines.append(files.listing(self.problems, indent='  - ', limit=_LISTED, line_chars=1000))
+    return '\n'.join(lines)
+
+  def raise_if_problems(self) -> None:
+    """Raises `release.DataError` listing the problems (nothing when there are none)."""
+    if self.problems:
+      raise release_lib.DataError(
+          f'{len(self.problems)} problem(s) in the data at {self.target} (full check: python '
+          f'-m prvr_jax.data.check):\n{files.listing(self.problems, limit=_LISTED)}')
+
+
+def cheap_check(config: Any, expected: catalogue.FeatureRelease | None = None, *,
+                use_catalogue: bool = True, record: str | None = None) -> Report:
+  """Files, dims (headers, HDF5 metadata), counts, ids and file sizes; reads no feature value.
+
+  Args:
+    config: a model config; its `config.data` names the release.
+    expected: the catalogue entry to compare with (default: `catalogue.lookup(config)`).
+    use_catalogue: False compares with no entry (a release of one's own): no published dims
+      or split sizes.
+    record: the checksum record (default `<collection folder>/prvr_checksums.json`); file
+      sizes are compared with it when it exists.
+  """
+  return _Checker(config, expected, use_catalogue, record).run(full=False)
+
+
+def check_before_run(config: Any) -> Report:
+  """`cheap_check(config)` before long work (training, preparing shards): raises
+  `release.DataError` listing the problems, or, with `config.data.skip_bad_items` (the run skips
+  bad items anyway), logs them as warnings. `config.data.check_published=False` compares with
+  no catalogue entry (a subset, or a release of one's own)."""
+  report = cheap_check(config, use_catalogue=config.data.get('check_published', True))
+  if report.problems and config.data.get('skip_bad_items', False):
+    _log.warning('data check found %d problem(s) (config.data.skip_bad_items=True: going on):\n%s',
+                 len(report.problems), files.listing(report.problems, limit=_LISTED))
+  else:
+    report.raise_if_problems()
+  return report
+
+
+def check_release(config: Any, expected: catalogue.FeatureRelease | None = None, *,
+                  use_catalogue: bool = True, record: str | None = None,
+                  update_record: bool = False, progress: bool = True) -> Report:
+  """`cheap_check`, then every feature value and a checksum of every file (one streaming
+  pass); records the checksums when no record exists (or `update_record`), else compares.
+
+  Args:
+    config, expected, use_catalogue, record: as `cheap_check`.
+    update_record: replace an existing checksum record with the current checksums.
+    progress: show a progress bar (bytes) on stderr.
+  """
+  checker = _Checker(config, expected, use_catalogue, record)
+  return checker.run(full=True, update_record=update_record, progress=progress)
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+@contextlib.contextmanager
+def _quiet_release_log() -> Iterator[None]:
+  """Silences the reader's 'skipped N bad items' warnings: each item is a problem here."""
+  logger = logging.getLogger(release_lib.__name__)
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _derived(reason: str) -> bool:
+  """A skip the reader derives from another item's problem (reported for that item)."""
+  return reason == 'all of its captions were skipped' or (
+      reason.startswith('its video ') and reason.endswith(' was skipped'))
+
+
+def _sha256_file(path: str, bar: tqdm.tqdm) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(_BLOCK_BYTES), b''):
+      digest.update(block)
+      bar.update(len(block))
+  return digest.hexdigest()
+
+
+class _Checker:
+  """One check of `config.data`; `run` fills and returns a `Report`."""
+
+  def __init__(self, config: Any, expected: catalogue.FeatureRelease | None,
+               use_catalogue: bool, record: str | None):
+    self.config = config
+    self.data = config.data
+    if expected is None and use_catalogue:
+      expected = catalogue.lookup(config)
+    self.expected = expected
+    self.record = record
+    self.report = Report(target=os.path.abspath(self.data.get('dir') or '.'), expected=expected)
+    self.rel: release_lib.Release | None = None
+    self.bigfile: release_lib.BigFile | None = None
+    self.readers: dict[str, release_lib.H5Features] = {}  # path -> opened HDF5 reader
+    self.video2frames: dict[str, list[str]] | None = None
+    self.unreadable_record = False
+
+  def run(self, full: bool, update_record: bool = False, progress: bool = True) -> Report:
+    report = self.report
+    report.full = full
+    data = self.data
+    if data.get('source', 'shards') == 'frames':
+      self._check_frames()
+      return report
+    path = data.get('dir')
+    if not path:
+      report.target = 'the synthetic benchmark'
+      report.nothing_to_check = (
+          'config.data.dir is empty: the run uses the embedded synthetic benchmark '
+          '(prvr_jax.data.synthetic), generated on the fly; there is no release to check.')
+      report.expected = None
+      return report
+    if not os.path.isdir(path):
+      report.problem(f'config.data.dir={path} does not exist')
+      return report
+    if os.path.isfile(os.path.join(path, SHARD_MANIFEST)):
+      report.nothing_to_check = (
+          f'config.data.dir={path} is a prepared shard folder ({SHARD_MANIFEST}), whose '
+          'records are checked when they are read; check the release it was prepared from.')
+      report.expected = None
+      return report
+    try:
+      with _quiet_release_log():
+        self._check_release()
+      if self.rel is not None:
+        recorded = self._read_record()
+        if full:
+          current = self._stream(progress)
+          self._compare_record(recorded, current, update_record)
+        elif recorded is not None:
+          self._compare_sizes(recorded)
+    finally:
+      for reader in self.readers.values():
+        reader.close()
+    return report
+
+  # ---- the release, metadata only
+
+  def _open(self) -> bool:
+    """Opens the release and its readers; False when nothing further can be checked."""
+    data, report = self.data, self.report
+    try:
+      self.rel = release_lib.Release(
+          data.dir, data.get('collection') or None, data.get('visual_feature') or None,
+          data.get('text_feature', 'roberta'), skip_bad_items=True)
+    except (FileNotFoundError, release_lib.DataError, ValueError) as e:
+      report.problem(str(e))
+      return False
+    rel = self.rel
+    report.target = rel.layout.collection_dir
+    opened = True
+    if rel.is_clip:
+      readers = [rel.clip_videos, rel.queries]
+    else:
+      readers = [rel.queries]
+      for name in ('bigfile', 'video2frames'):
+        try:
+          setattr(self, name, getattr(rel, name))
+        except release_lib.DataError as e:  # truncated feature.bin, bad id.txt, shape.txt, ...
+          report.problem(str(e))
+          opened = False
+    for reader in readers:
+      try:
+        reader.keys()
+        self.readers[reader.path] = reader
+      except release_lib.DataError as e:
+        report.problem(str(e))
+        opened = False
+    return opened
+
+  def _split_names(self) -> list[str]:
+    """The caption files' splits, the catalogue's and the config's (each once)."""
+    names = list(self.rel.splits)
+    if self.expected is not None:
+      names += [s for s, _ in self.expected.splits]
+    names += [self.data.get(k) for k in ('train_split', 'val_split', 'test_split')
+              if self.data.get(k)]
+    return list(dict.fromkeys(names))
+
+  def _check_release(self) -> None:
+    report, expected = self.report, self.expected
+    readers_ok = self._open()
+    rel = self.rel
+    if rel is None:
+      return
+    if expected is not None:
+      for name in expected.extra_files:
+        path = os.path.join(rel.layout.collection_dir, name)
+        if not os.path.isfile(path):
+          report.problem(f'{path}: missing (a file of {expected.name})')
+    published = expected.split_counts if expected is not None else {}
+    videos_of: dict[str, list[str]] = {}
+    captions_of: dict[str, list[str]] = {}
+    for name in self._split_names():
+      path = rel.layout.caption_path(name)
+      if not os.path.isfile(path):
+        report.problem(f'{path}: missing (caption file of split {name!r})')
+        continue
+      try:
+        captions = release_lib.read_captions(path)
+      except release_lib.DataError as e:
+        report.problem(str(e))
+        continue
+      videos_of[name] = release_lib.video_ids_in_order(captions)
+      captions_of[name] = [c for c, _ in captions]
+      found = report.counts[name] = catalogue.Count(len(videos_of[name]), len(captions))
+      want = published.get(name)
+      if want is not None and found != want:
+        report.problem(f'{path}: split {name!r} has {found.videos:,} videos and '
+                       f'{found.captions:,} captions, {expected.name} has {want.videos:,} / '
+                       f'{want.captions:,} ({expected.sources})')
+      if readers_ok:
+        self._check_split(name)
+    self._check_dims()
+    self._check_totals(videos_of, captions_of)
+    self._check_overlap(videos_of)
+    if readers_ok:
+      self._note_unused(videos_of, captions_of)
+
+  def _check_split(self, name: str) -> None:
+    """Every video and caption of a split, from metadata (the reader's own validation)."""
+    report = self.report
+    try:
+      split = self.rel.split(name)
+    except release_lib.DataError as e:  # every item bad
+      report.problem(str(e))
+      return
+    for _, reason in split.skipped:
+      if not _derived(reason):
+        report.problem(reason)
+    if split.visual_dim is not None:
+      report.dims.setdefault('visual', split.visual_dim)
+    if split.query_dim is not None:
+      report.dims.setdefault('query', split.query_dim)
+    frames = self.expected.frames_per_video if self.expected is not None else None
+    if frames is not None and self.rel.is_clip:
+      videos = self.rel.clip_videos
+      for v in split.video_ids:
+        shape = videos.shape(v)
+        if shape[0] != frames:
+          report.problem(f'{videos.path}: video {short(v)} has {shape[0]} frame features, '
+                         f'{self.expected.name} has {frames} per video')
+
+  def _check_dims(self) -> None:
+    rel, report, model = self.rel, self.report, self.config.model
+    sources = {'visual': (rel.layout.clip_video_feature_path if rel.is_clip else
+                          os.path.join(rel.layout.feature_dir, 'shape.txt')),
+               'query': rel.layout.query_feature_path}
+    for kind, actual in report.dims.items():
+      wanted = {f'config.model.{kind}_dim=': model.get(f'{kind}_dim')}
+      if self.expected is not None:
+        wanted[f'{self.expected.name} has '] = getattr(self.expected, f'{kind}_dim')
+      wrong = [f'{who}{dim}' for who, dim in wanted.items() if dim is not None and dim != actual]
+      if wrong:
+        report.problem(f'{sources[kind]}: {kind} feature dim {actual}, but '
+                       + ' and '.join(wrong))
+
+  def _check_totals(self, videos_of: dict[str, list[str]],
+                    captions_of: dict[str, list[str]]) -> None:
+    total = self.expected.total if self.expected is not None else None
+    if total is None or not videos_of:
+      return
+    found = catalogue.Count(len({v for vs in videos_of.values() for v in vs}),
+                            len({c for cs in captions_of.values() for c in cs}))
+    if found != total:
+      self.report.problem(
+          f'{self.rel.layout.text_dir}: the caption files ({", ".join(videos_of)}) hold '
+          f'{found.videos:,} distinct videos and {found.captions:,} captions, '
+          f'{self.expected.name} has {total.videos:,} / {total.captions:,} in all '
+          f'({self.expected.sources})')
+
+  def _check_overlap(self, videos_of: dict[str, list[str]]) -> None:
+    train = self.data.get('train_split', 'train')
+    if train not in videos_of or self.data.get('allow_split_overlap', False):
+      return
+    seen = set(videos_of[train])
+    for name, videos in videos_of.items():
+      shared = [v for v in videos if v in seen]
+      if name != train and shared:
+        self.report.problem(
+            f'{self.rel.layout.caption_path(name)}: split {name!r} shares {len(shared)} '
+            f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
+            'leakage; config.data.allow_split_overlap=True accepts it)')
+
+  def _note_unused(self, videos_of: dict[str, list[str]],
+                   captions_of: dict[str, list[str]]) -> None:
+    """Stored ids no caption file uses (not an error: releases may hold more)."""
+    rel, report = self.rel, self.report
+    videos = {v for vs in videos_of.values() for v in vs}
+    captions = {c for cs in captions_of.values() for c in cs}
+    stored = [(rel.queries.path, 'caption', rel.queries.keys(), captions)]
+    if rel.is_clip:
+      stored.append((rel.clip_videos.path, 'video', rel.clip_videos.keys(), videos))
+    else:
+      stored.append((rel.layout.video2frames_path, 'video', self.video2frames.keys(), videos))
+      used = {f for v in videos if v in self.video2frames for f in self.video2frames[v]}
+      stored.append((self.bigfile.folder, 'frame', self.bigfile.ids, used))
+    for path, kind, ids, used in stored:
+      unused = [i for i in ids if i not in used]
+      if unused:
+        report.notes.append(f'{path}: {len(unused):,} {kind} id(s) no caption file uses, '
+                            f'e.g. {short(unused[0])}')
+
+  # ---- the values and checksums, streaming
+
+  def _files(self) -> list[str]:
+    """Every file of the release that exists: caption files, feature files, extra files."""
+    layout = self.rel.layout
+    paths = [layout.caption_path(s) for s in self._split_names()] + layout.feature_files()
+    if self.expected is not None:
+      paths += [os.path.join(layout.collection_dir, f) for f in self.expected.extra_files]
+    return [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
+
+  def _stream(self, progress: bool) -> dict[str, dict[str, Any]]:
+    """Reads every file once: checks values, returns relative path -> checksum entry."""
+    paths = self._files()
+    total = sum(os.path.getsize(p) for p in paths)
+    out = {}
+    with tqdm.tqdm(total=total, unit='B', unit_scale=True,
+                   desc='checking', disable=not progress, file=sys.stderr) as bar:
+      for path in paths:
+        size = os.path.getsize(path)
+        start = bar.n
+        if self.bigfile is not None and path == self.bigfile.bin_path:
+          digest, of = self._stream_bigfile(bar), 'bytes'
+        elif path in self.readers:
+          digest, of = self._stream_h5(self.readers[path], bar), 'hdf5 datasets'
+        else:
+          digest, of = _sha256_file(path, bar), 'bytes'
+        bar.update(max(0, size - (bar.n - start)))
+        rel_path = os.path.relpath(path, self.rel.layout.collection_dir)
+        out[rel_path] = {'bytes': size, 'sha256': digest, 'of': of}
+    self.report.notes.append(f'read {len(paths)} files ({total:,} bytes): every feature value '
+                             'checked')
+    return out
+
+  def _stream_bigfile(self, bar: tqdm.tqdm) -> str:
+    """sha256 of feature.bin and a problem per video with non-finite frame rows."""
+    bigfile = self.bigfile
+    dim = bigfile.dim
+    video_of = {f: v for v, frames in self.video2frames.items() for f in frames}
+    bad: dict[str, list[str]] = {}
+    digest = hashlib.sha256()
+    rows_per_block = max(1, _BLOCK_BYTES // (4 * dim))
+    with open(bigfile.bin_path, 'rb') as f:
+      for start in range(0, len(bigfile), rows_per_block):
+        block = np.fromfile(f, dtype='<f4', count=min(rows_per_block, len(bigfile) - start) * dim)
+        digest.update(block)
+        bar.update(block.nbytes)
+        for row in np.flatnonzero(~np.isfinite(block.reshape(-1, dim)).all(axis=1)):
+          frame = bigfile.ids[start + int(row)]
+          bad.setdefault(video_of.get(frame, ''), []).append(frame)
+    for video, frames in bad.items():
+      who = f'video {short(video)}' if video else 'no video (video2frames.txt lists none)'
+      self.report.problem(f'{bigfile.bin_path}: NaN/Inf in {len(frames)} frame row(s) of {who}, '
+                          f'e.g. frame id {short(frames[0])}')
+    return digest.hexdigest()
+
+  def _stream_h5(self, reader: release_lib.H5Features, bar: tqdm.tqdm) -> str:
+    """sha256 of every dataset (name, dtype, shape, values; name order), and a problem per id
+    whose values are not finite floats."""
+    digest = hashlib.sha256()
+    for key in sorted(reader.keys()):
+      try:
+        x = np.ascontiguousarray(reader.read(key))
+      except release_lib.DataError as e:  # a group, not a dataset
+        self.report.problem(str(e))
+        continue
+      except (OSError, RuntimeError) as e:  # a damaged file
+        self.report.problem(f'{reader.path}: cannot read {reader.kind} {short(key)} ({e})')
+        continue
+      digest.update(f'{key}\0{x.dtype.str}\0{x.shape}\0'.encode())
+      digest.update(x)
+      bar.update(x.nbytes)
+      if x.dtype.kind != 'f':
+        self.report.problem(f'{reader.path}: {reader.kind} {short(key)} has {x.dtype} features, '
+                            'expected floats')
+      elif not np.isfinite(x).all():
+        self.report.problem(f'{reader.path}: NaN/Inf in the features of {reader.kind} '
+                            f'{short(key)} ({int((~np.isfinite(x)).sum())} value(s))')
+    return digest.hexdigest()
+
+  # ---- the checksum record
+
+  @property
+  def record_path(self) -> str:
+    return self.record or os.path.join(self.rel.layout.collection_dir, CHECKSUMS_FILE)
+
+  def _read_record(self) -> dict[str, Any] | None:
+    """The record, or None when there is none; a file that is no record is a problem (and
+    is replaced only with --update_record)."""
+    path = self.record_path
+    if not os.path.isfile(path):
+      return None
+    try:
+      with open(path, encoding='utf-8') as f:
+        record = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      record = e
+    if not (isinstance(record, dict) and record.get('format') == CHECKSUMS_FORMAT
+            and isinstance(record.get('files'), dict)):
+      self.report.problem(f'{path}: not a checksum record of prvr_jax.data.check ({short(record)}'
+                          '); delete it, or replace it with --update_record')
+      self.unreadable_record = True
+      return None
+    return record
+
+  def _compare_sizes(self, record: dict[str, Any]) -> None:
+    changed = 0
+    for rel_path, entry in record['files'].items():
+      path = os.path.join(self.rel.layout.collection_dir, rel_path)
+      if os.path.isfile(path) and os.path.getsize(path) != entry.get('bytes'):
+        changed += 1
+        self.report.problem(f'{path}: {os.path.getsize(path):,} bytes, {entry.get("bytes")!r} '
+                            f'when its checksum was recorded ({self.record_path}, '
+                            f'{record.get("recorded")})')
+    self.report.checksums = (f'{changed} file(s) changed size since {record.get("recorded")} '
+                             f'({self.record_path}); contents are compared by the full check')
+
+  def _compare_record(self, record: dict[str, Any] | None, current: dict[str, dict[str, Any]],
+                      update: bool) -> None:
+    report, path = self.report, self.record_path
+    if record is not None and not update:
+      changed = []
+      for rel_path, entry in record['files'].items():
+        now = current.get(rel_path)
+        full_path = os.path.join(self.rel.layout.collection_dir, rel_path)
+        if now is None:
+          changed.append(f'{full_path}: recorded in {path} but not read now (missing?)')
+        elif now['sha256'] != entry.get('sha256'):
+          changed.append(f'{full_path}: content changed since its checksum was recorded '
+                         f'({record.get("recorded")}): sha256 {short(entry.get("sha256"), 16)} '
+                         f'-> {now["sha256"][:16]}...')
+      for problem in changed:
+        report.problem(problem)
+      new = [p for p in current if p not in record['files']]
+      if new:
+        report.notes.append(f'{len(new)} file(s) not in the checksum record, e.g. {new[0]}')
+      report.checksums = (f'{len(changed)} of {len(record["files"])} recorded file(s) changed '
+                          f'since {record.get("recorded")} ({path}; --update_record accepts '
+                          'the current files)')
+      return
+    if self.unreadable_record and not update:
+      report.checksums = f'not compared ({path} is no checksum record)'
+      return
+    new_record = {'format': CHECKSUMS_FORMAT, 'version': 1, 'recorded': files.utc_now(),
+                  'collection_dir': self.rel.layout.collection_dir, 'files': current}
+    try:
+      files.write_json(path, new_record)
+    except OSError as e:
+      report.notes.append(f'could not write the checksum record {path} ({e}); pass --record=PATH')
+      report.checksums = f'not recorded ({len(current)} files)'
+      return
+    report.checksums = f'{"updated" if record else "recorded"} {len(current)} files in {path}'
+
+  # ---- annotations and frame folders (config.data.source='frames')
+
+  def _check_frames(self) -> None:
+    data, report, expected = self.data, self.report, self.expected
+    missing = [f for f in ('annotations', 'frames_dir') if not data.get(f)]
+    if missing:
+      report.problem('config.data.source=frames needs ' + ' and '.join(
+          f'--config.data.{f}' for f in missing))
+      return
+    report.target = os.path.abspath(data.annotations)
+    report.notes.append('annotations and frame folders: counts and frame lists are checked; '
+                        'images are not decoded or checksummed')
+    # Imported here: both import TensorFlow.
+    from prvr_jax.data import frames as frames_lib  # pylint: disable=g-import-not-at-top
+    from prvr_jax.data import text_video  # pylint: disable=g-import-not-at-top
+    try:
+      splits = text_video.read_splits(data.collection, data.annotations)
+    except (FileNotFoundError, release_lib.DataError, ValueError) as e:
+      report.problem(str(e))
+      return
+    published = expected.split_counts if expected is not None else {}
+    for name, split in splits.items():
+      found = report.counts[name] = catalogue.Count(len(split.video_ids), len(split.captions))
+      want = published.get(name)
+      if want is not None and found != want:
+        report.problem(f'{split.source}: split {name!r} ({split.dataset} {split.name}) has '
+                       f'{found.videos:,} videos and {found.captions:,} captions, '
+                       f'{expected.name} has {want.videos:,} / {want.captions:,} '
+                       f'({expected.sources})')
+    videos = dict.fromkeys(v for s in splits.values() for v in s.video_ids)
+    for v in tqdm.tqdm(videos, desc='frame folders', unit='video', disable=not report.full,
+                       file=sys.stderr):
+      try:
+        frames_lib.list_frame_files(os.path.join(data.frames_dir, v), v)
+      except (FileNotFoundError, release_lib.DataError) as e:
+        report.problem(str(e))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str]) -> None:
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  fl = flags.FLAGS
+  kwargs = dict(use_catalogue=fl.catalogue, record=fl.record or None)
+  if fl.cheap:
+    report = cheap_check(fl.config, **kwargs)
+  else:
+    report = check_release(fl.config, update_record=fl.update_record, progress=fl.progress,
+                           **kwargs)
+  print(report.format())
+  sys.exit(0 if report.ok else 1)
+
+
+if __name__ == '__main__':
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from prvr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file('config', None, 'model config file[:variant], e.g. '
+                                  'configs/ms_sl.py:tvr', lock_config=True)
+  flags.DEFINE_string('record', '', f'checksum record (default: <collection folder>/'
+                      f'{CHECKSUMS_FILE})')
+  flags.DEFINE_bool('update_record', False, 'replace the checksum record with the current '
+                    'checksums')
+  flags.DEFINE_bool('catalogue', True, 'compare with the catalogue entry of the config '
+                    '(published dims and split sizes); --nocatalogue for a release of your own')
+  flags.DEFINE_bool('cheap', False, 'only the cheap part: no feature value read, no checksum')
+  flags.DEFINE_bool('progress', True, 'show a progress bar on stderr')
+  flags.mark_flag_as_required('config')
+  config_lib.check_override_flags(sys.argv)
+  app.run(main)
