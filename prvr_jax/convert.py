@@ -28,6 +28,7 @@ import re
 import zipfile
 from typing import Any
 
+from flax import traverse_util
 import jax
 import ml_collections
 import numpy as np
@@ -301,16 +302,6 @@ def _flatten(tree: Any) -> dict[tuple[str, ...], Any]:
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for path, leaf in flat.items():
-    node = tree
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = leaf
-  return tree
-
-
 def _to_ours(array: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
   if kind == 'transpose':
     return array.T if array.ndim == 2 else array
@@ -414,7 +405,7 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
     raise ValueError(f'cannot convert the state_dict to {model_name} params:\n' + '\n'.join(
         f'  {title} ({len(items)}):\n' + files.listing(items, indent='    ', line_chars=120)
         for title, items in problems))
-  return _unflatten(flat)
+  return traverse_util.unflatten_dict(flat)
 
 
 def params_to_torch(params: Any, model_name: str) -> dict[str, np.ndarray]:

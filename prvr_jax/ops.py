@@ -17,14 +17,33 @@ def l2_normalize(x: jax.Array, eps: float = NORMALIZE_EPS) -> jax.Array:
   return x * jax.lax.rsqrt(jnp.maximum(squared_norm, eps * eps))
 
 
+def inverse_norm(x: jax.Array, eps: float = NORMALIZE_EPS) -> jax.Array:
+  """1 / max(||x||, eps) along the last axis (`l2_normalize`'s factor), without that axis."""
+  return jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1), eps * eps))
+
+
+def set_similarities(queries: jax.Array, items: jax.Array, cosine: bool) -> jax.Array:
+  """`sim(q, items[b, t])` for every query and item: queries `[Q, D]`, items `[B, L, D]` ->
+  `[Q, B, L]`.
+
+  One `[Q, D] x [D, B L]` matmul on the raw items; for cosines the queries are normalised and
+  the products scaled by the items' inverse norms afterwards, which equals normalising the
+  items first but never writes a normalised copy of them (on CPU that copy and the 3-D
+  contraction cost several times the matmul itself).
+  """
+  if cosine:
+    queries = l2_normalize(queries)
+  flat = items.reshape(-1, items.shape[-1])
+  products = (queries @ flat.T).reshape(queries.shape[:-1] + items.shape[:-1])
+  return products * inverse_norm(items) if cosine else products
+
+
 def max_similarity(queries: jax.Array, items: jax.Array, cosine: bool) -> jax.Array:
   """`max_t sim(q, items[b, t])`: queries `[Q, D]`, item sets `[B, L, D]` -> `[Q, B]`.
 
   Padded items are included as the official code does (they are zero vectors, similarity 0).
   """
-  if cosine:
-    queries, items = l2_normalize(queries), l2_normalize(items)
-  return jnp.max(jnp.einsum('qd,bld->qbl', queries, items), axis=-1)
+  return jnp.max(set_similarities(queries, items, cosine), axis=-1)
 
 
 def similarity(queries: jax.Array, vectors: jax.Array, cosine: bool) -> jax.Array:

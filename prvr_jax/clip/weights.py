@@ -21,6 +21,7 @@ import struct
 import zipfile
 from typing import Any
 
+from flax import traverse_util
 import jax
 import numpy as np
 
@@ -260,17 +261,6 @@ def infer_huggingface_config(tensors: Mapping[str, Any]) -> CLIPConfig:
 # ---------------------------------------------------------------------------------------------
 # Mapping.
 
-def _unflatten(flat: Mapping[str, np.ndarray]) -> Params:
-  tree: Params = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split('/')
-    node = tree
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return tree
-
-
 def _to_params(tensors: Mapping[str, Any], entries: list[Entry], ignored: set[str],
                config: CLIPConfig, what: str) -> Params:
   """Our float32 params from `tensors` by `entries`; every problem reported at once."""
@@ -294,7 +284,7 @@ def _to_params(tensors: Mapping[str, Any], entries: list[Entry], ignored: set[st
     array = array.astype(np.float32)
     for path, convert in targets.items():
       flat[path] = np.array(convert(array), order='C')
-  params = _unflatten(flat)
+  params = traverse_util.unflatten_dict(flat, sep='/')
   # Our own bookkeeping: the maps cover exactly the module's parameters.
   leaves = jax.tree_util.tree_flatten_with_path(model_lib.param_shapes(config))[0]
   shapes = {'/'.join(k.key for k in path): leaf.shape for path, leaf in leaves}

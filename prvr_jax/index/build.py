@@ -8,6 +8,7 @@
 from collections.abc import Mapping
 from typing import Any
 
+from flax.traverse_util import unflatten_dict
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -21,7 +22,6 @@ from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
 from prvr_jax.eval.splits import EvalSplit, eval_split
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
-from prvr_jax.index.search import unflatten
 
 
 def build_index(config: ml_collections.ConfigDict, params: Any, data: EvalSplit, out_dir: str,
@@ -74,7 +74,7 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
         'Build the index from this split.')
   keys = np.array([keys_of[v] for v in index.ids], np.int64)
   rows = parallel.round_up(len(keys), jax.device_count())
-  encodings = parallel.shard_global_view(unflatten(dequantized_rows(index)), evaluator.mesh,
+  encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'), evaluator.mesh,
                                          rows)
   padded = parallel.pad_rows(keys, rows, value=-1)
   return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))

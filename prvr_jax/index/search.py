@@ -17,6 +17,7 @@ import dataclasses
 import functools
 from typing import Any, Protocol
 
+from flax.traverse_util import unflatten_dict
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
@@ -44,18 +45,6 @@ class CandidateSource(Protocol):
 
   def search(self, queries: np.ndarray, num_candidates: int) -> np.ndarray:
     """`[Q, D]` query vectors -> `[Q, C]` candidate rows (-1 = none)."""
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-  """{'a/b': x} -> {'a': {'b': x}}: the stored pytree of the model from the index's leaves."""
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, last = name.split('/')
-    node = tree
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[last] = value
-  return tree
 
 
 class Searcher:
@@ -94,9 +83,9 @@ class Searcher:
     replicated = parallel.replicated(self.mesh)
 
     def stored_rows(chunk):  # {leaf: {'values', 'scale'?}} -> the model's stored pytree
-      return unflatten({name: dequantize(parts['values'], parts.get('scale'),
-                                         'float32' if leaves[name]['exact'] else dtype)
-                        for name, parts in chunk.items()})
+      return unflatten_dict({name: dequantize(parts['values'], parts.get('scale'),
+                                              'float32' if leaves[name]['exact'] else dtype)
+                             for name, parts in chunk.items()}, sep='/')
 
     def scores_of(params, encoded, stored):
       with jax.default_matmul_precision(matmul_precision):

@@ -25,7 +25,7 @@ from prvr_jax.layers.gmm_block import BRANCHES
 from prvr_jax.models import batch as batch_lib
 from prvr_jax.models.spec import Batch, LossContext, ModelSpec, Objective, OfficialCheckpoint
 from prvr_jax.models.spec import Params
-from prvr_jax.ops import l2_normalize, max_similarity
+from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
 
 # The official groups exempt torch names containing 'bias', 'LayerNorm.weight' or
 # 'LayerNorm.bias'. Our modules named `norm` are exactly the official `LayerNorm`s (v2's
@@ -192,8 +192,7 @@ class TwoBranchModel(nn.Module):
                          batch_size=min(query_chunk, args[0].shape[0]))
 
     radii = [self._radius(branch, by_queries(
-        lambda t, b=branch: self._top_k(jnp.einsum('qd,bld->qbl', l2_normalize(t),
-                                                   l2_normalize(sets[b]))), text))
+        lambda t, b=branch: self._top_k(set_similarities(t, sets[b], cosine=True)), text))
              for branch, text in zip(branches, texts)]
     noise = self.text_mass_noise(videos['key'])
     elements = [sets[branch] for branch in branches]
