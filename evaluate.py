@@ -9,7 +9,8 @@ r"""Evaluates a checkpoint (ours or an official PyTorch one) on the val or test 
 
 Writes `<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V
 groups when spans are known) and `<output_dir>/scores.npy` ([queries in caption-file
-order, videos in first-appearance order], float32). Multi-host flags as train.py.
+order, videos in first-appearance order], float32); with `--plots` also the PNG pictures of
+docs/plots.md. Multi-host flags as train.py.
 """
 
 import sys
@@ -36,6 +37,11 @@ _OUTPUT_DIR = flags.DEFINE_string(
 _CROSS_DATASET = flags.DEFINE_bool(
     'cross_dataset', False, 'Evaluate one of our checkpoints on data other than the split it '
     'was trained with (refused otherwise); metrics.json then records cross_dataset: true.')
+_PLOTS = flags.DEFINE_bool(
+    'plots', False, 'Also draw PNG pictures into the output dir: R@K per moment-to-video '
+    'group, a query x video score heatmap, per-clip relevance against the annotated moment '
+    '(models with explicit moments), the training curves of a workdir (docs/plots.md; needs '
+    "matplotlib: pip install 'prvr_jax[plots]'). With --checkpoint only.")
 parallel.define_distributed_flags()
 
 
@@ -47,12 +53,15 @@ def main(argv: list[str]) -> None:
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
   if _INDEX.value:
+    if _PLOTS.value:
+      raise app.UsageError('--plots draws from the model and the split\'s features: use it '
+                           'with --checkpoint, not --index.')
     from prvr_jax import index  # pylint: disable=g-import-not-at-top
     index.evaluate_index(_CONFIG.value, _INDEX.value, _SPLIT.value, _OUTPUT_DIR.value,
                          _CROSS_DATASET.value)
   else:
     eval_lib.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _SPLIT.value,
-                                 _OUTPUT_DIR.value, _CROSS_DATASET.value)
+                                 _OUTPUT_DIR.value, _CROSS_DATASET.value, plots=_PLOTS.value)
 
 
 if __name__ == '__main__':

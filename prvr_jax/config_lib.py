@@ -101,6 +101,8 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   # Save and stop after this global step (0: never), e.g. to fit a job's time limit; running
   # again with the same workdir continues exactly.
   config.train.stop_after_steps = 0
+  # Draw the pictures of docs/plots.md into the workdir at the end (needs the `plots` extra).
+  config.train.plots = False
   # Precision of matmuls/einsums in the train step: 'float32' (exact parity with the official
   # code; also stops TF32 on GPUs) or 'bfloat16' (bf16 passes, f32 accumulation: faster on CPUs
   # with AVX512-BF16, GPUs and TPUs).
@@ -282,6 +284,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'train.checkpoint_keep': _integer(1),
     'train.checkpoint_every_steps': _integer(0),
     'train.stop_after_steps': _integer(0),
+    'train.plots': _flag,
     'train.matmul_precision': _choice(*MATMUL_PRECISIONS),
     'eval.query_batch_size': _integer(1),
     'eval.video_batch_size': _integer(1),

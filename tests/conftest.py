@@ -4,6 +4,7 @@ Helpers that are not fixtures (tolerances, config loading, CLI subprocesses) are
 `support.py`.
 """
 
+import importlib.util
 import os
 import pathlib
 import sys
@@ -66,9 +67,11 @@ def config_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope='session')
 def reference_run(tmp_path_factory, config_path, tiny_data, xla_cache) -> pathlib.Path:
-  """An uninterrupted tiny run of `TINY_CONFIG` on one device (tests only read it)."""
+  """An uninterrupted tiny run of `TINY_CONFIG` on one device (tests only read it); with
+  matplotlib it draws its pictures at the end (`config.train.plots`)."""
   from support import run_cli  # pylint: disable=g-import-not-at-top
   workdir = tmp_path_factory.mktemp('reference')
+  plots = importlib.util.find_spec('matplotlib') is not None
   run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
-          f'--workdir={workdir}', cache_dir=xla_cache)
+          f'--workdir={workdir}', f'--config.train.plots={plots}', cache_dir=xla_cache)
   return workdir

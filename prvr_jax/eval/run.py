@@ -15,7 +15,7 @@ from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax.data import pipeline
 from prvr_jax.eval.evaluator import EvalResult, Evaluator
-from prvr_jax.eval.splits import eval_split
+from prvr_jax.eval.splits import EvalSplit, eval_split
 
 
 METRICS_FILE = 'metrics.json'
@@ -91,8 +91,8 @@ def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: st
 
 
 def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
-                        output_dir: str | None = None, cross_dataset: bool = False
-                        ) -> EvalResult:
+                        output_dir: str | None = None, cross_dataset: bool = False,
+                        plots: bool = False) -> EvalResult:
   """Loads, evaluates and writes the outputs (process 0 writes).
 
   Args:
@@ -103,9 +103,13 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
       `<file without suffix>_eval_<split>` for official files.
     cross_dataset: allow evaluating one of our checkpoints on data other than its own split
       (`check_data`); the outputs record `cross_dataset: true`.
+    plots: also draw the evaluation's pictures into `output_dir` (`write_plots`).
   """
   config_lib.validate(config)
   check_output_dir(output_dir)
+  if plots:
+    from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
+    plots_lib.require_matplotlib()  # before the evaluation, not after it
   loaded = load_checkpoint_and_data(
       config, checkpoint_path, split,
       output_dir or _default_output_dir({}, checkpoint_path, split), cross_dataset)
@@ -115,7 +119,38 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
                                                                   loaded['data'])
   finish(config, result, output_dir, split, info, loaded['evaluated_on'], loaded['cross'],
          checkpoint_path)
+  if plots:
+    write_plots(config, loaded['params'], loaded['shards'], split, loaded['data'], result,
+                output_dir, info['workdir'])
   return result
+
+
+def write_plots(config: Any, params: Any, shards: Any, split: str, data: EvalSplit,
+                result: EvalResult, output_dir: str, workdir: str | None = None
+                ) -> dict[str, str]:
+  """The pictures of an evaluation into `output_dir` (`plots.write_evaluation_plots`, with
+  the annotated moments of `split` where `shards` have them) and, when `workdir` has a
+  metrics file, its training curves. Call on every process; returns {picture name: path}
+  (process 0).
+
+  Args:
+    config, params: the model evaluated.
+    shards: the run's data (`pipeline.open_run_data`).
+    split: 'val' / 'test'; data, result: the split evaluated and its `EvalResult`.
+    output_dir: where the PNG files go.
+    workdir: a train.py workdir, or None.
+  """
+  from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
+  moments = {}
+  if isinstance(shards, pipeline.ShardDataset):
+    index = pipeline.eval_index(shards, config.data.get(f'{split}_split', split))
+    if index.has_spans:
+      moments = dict(spans=index.spans, durations=index.durations)
+  written = plots_lib.write_evaluation_plots(config, params, data, result, output_dir,
+                                             **moments)
+  if workdir and os.path.isfile(os.path.join(workdir, plots_lib.METRICS_FILE)):
+    written.update(plots_lib.write_training_plots(workdir, output_dir))
+  return written
 
 
 def check_output_dir(output_dir: str | None) -> None:

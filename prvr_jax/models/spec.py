@@ -16,6 +16,9 @@ The objective beside the model turns a training batch into a loss:
   loss, metrics = spec.objective(module, params, batch, rngs, ctx)
 
 with `rngs` one key per name of `spec.rng_streams` and `ctx` a `LossContext`.
+Models with explicit moments name one more method, `spec.relevance`: each query's relevance
+over the clips or frames of its own video (`prvr_jax.plots` draws it against the annotated
+moment).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -26,10 +29,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from prvr_jax.models import batch as batch_lib
 from prvr_jax.models.torch_names import Leaf
+from prvr_jax.ops import max_similarity
 
 Params = Any
 Batch = Mapping[str, jax.Array]
@@ -120,6 +125,12 @@ class ModelSpec:
       index searches for two-stage retrieval (`prvr_jax.index`): max-over-set cosine.
     candidate_query: the part of the query encoding matched against `candidate_set` (None:
       the encoding is one `[Q, D]` array).
+    relevance: the module method giving each query's relevance over the positions of its own
+      video, for models with explicit moments (None: the model has none). Called as
+      `module.apply(variables, query_batch, video_batch, method=relevance)` with `Q` queries
+      and `Q` videos (row q: query q's video), it returns name -> `[Q, T]`: one curve per
+      name over T positions (clips, frames) that cover the video evenly in time order, NaN
+      at padded positions (`position_scores`, `real_positions`).
   """
   name: str
   module: type[nn.Module]
@@ -141,6 +152,7 @@ class ModelSpec:
   fingerprint_exempt: tuple[str, ...] = ()
   candidate_set: str = 'clips'
   candidate_query: str | None = None
+  relevance: str | None = None
 
   def inputs(self, config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(video inputs, query inputs): the batch keys `config.model`'s module reads."""
@@ -197,6 +209,20 @@ class ModelSpec:
   def stacked_mask(self, params: Params) -> Any:
     """True where the leaf's leading axis stacks separate tensors (`stacked`)."""
     return match_paths(params, self.stacked)
+
+
+def position_scores(queries: jax.Array, sets: jax.Array) -> jax.Array:
+  """Each query's cosine with every element of its own set, by the scorer the set's score is
+  the max of (`ops.max_similarity`, each element a set of one): queries `[Q, D]`, sets
+  `[Q, L, D]` -> `[Q, L]`, whose max over L is the query's max-over-set score."""
+  def one_query(query, elements):  # [D], [L, D] -> [L]: L sets of one element
+    return max_similarity(query[None], elements[:, None], cosine=True)[0]
+  return jax.vmap(one_query)(queries, sets)
+
+
+def real_positions(curves: jax.Array, mask: jax.Array) -> jax.Array:
+  """`curves [Q, L]` with NaN where `mask [Q, L]` is 0 (padding)."""
+  return jnp.where(mask > 0, curves, jnp.nan)
 
 
 def count_params(params: Params) -> int:

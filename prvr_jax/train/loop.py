@@ -32,10 +32,12 @@ from prvr_jax import checkpoint
 from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
+from prvr_jax import plots
 from prvr_jax import summary
 from prvr_jax.data import check as data_check
 from prvr_jax.data import pipeline
 from prvr_jax.eval import Evaluator, eval_split
+from prvr_jax.eval import run as eval_run
 from prvr_jax.models import registry
 from prvr_jax.train import data as train_data
 from prvr_jax.train import logs
@@ -65,6 +67,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   config_lib.validate(config)
   _check_batch_size(config)
+  if config.train.get('plots', False):
+    plots.require_matplotlib()
   workdir_lib.check_is_workdir(workdir)
   os.makedirs(workdir, exist_ok=True)
   with workdir_lib.lock(workdir, enabled=jax.process_index() == 0):
@@ -174,7 +178,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       params, best_meta = state.params, meta
     else:
       params, best_meta = best
-    test = evaluator.evaluate(params, eval_split(config, shards, 'test'))
+    test_data = eval_split(config, shards, 'test')
+    test = evaluator.evaluate(params, test_data)
     out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
            'val_sumr': best_meta['best_sumr']}
     if is_main:
@@ -183,6 +188,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logging.info('Test, best checkpoint (epoch %d): R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f '
                  'SumR %.1f', out['best_epoch'], out['r1'], out['r5'], out['r10'], out['r100'],
                  out['sumr'])
+    if config.train.get('plots', False):  # every process: the pictures gather the params
+      eval_run.write_plots(config, params, shards, 'test', test_data, test, workdir, workdir)
     return out
   finally:
     checkpoints.close()

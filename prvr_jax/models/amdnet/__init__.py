@@ -21,6 +21,6 @@ SPEC = ModelSpec(
     gradient_free=(r'^attention/attention/key/bias$',),
     official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config),
     param_counts={'tvr': 1_781_896, 'activitynet': 893_704, 'charades': 893_704},
-    video_inputs=('clip_feats',))
+    video_inputs=('clip_feats',), relevance='relevance')
 
 __all__ = ['AMDNet', 'SPEC', 'objective']

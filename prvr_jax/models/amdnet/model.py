@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionBlockV1, InputProjection, PositionalEncoding, SpanPredictor
-from prvr_jax.models.spec import Batch
+from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.ops import max_similarity
 
 
@@ -82,6 +82,17 @@ class AMDNet(nn.Module):
   def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[Q, B]` = max over clips of the cosine."""
     return max_similarity(queries, videos['clips'], cosine=True)
+
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]` (its
+    max over the clips is the pair's score), 'matched span mask': `[Q, Lc]`, the mask of the
+    video's span whose moment V^m_k the query matches best (the relevance loss's cosine)}."""
+    encoded = self.encode_queries(queries)
+    video = self._encode(videos['clip_feats'], deterministic=True)
+    best = jnp.argmax(position_scores(encoded, video['moments']), axis=-1)  # [Q]
+    return {'clip cosine': position_scores(encoded, video['clips']),
+            'matched span mask': jnp.take_along_axis(video['masks'], best[:, None, None],
+                                                     axis=1)[:, 0]}
 
   def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """The training forward: `scores` (cosines) and `clip_logits` (raw dots) `[Q, B]`, the

@@ -16,6 +16,7 @@ SPEC = two_branch.spec(
     # Softmax is shift invariant: the key bias of the (unwindowed) query attention gets none.
     gradient_free=(r'^query/encoder/attention/key/bias$',),
     encoding_depends_on_batch=lambda config_model: (
-        config_model.get('frame_window_length', 'batch_max') == 'batch_max'))
+        config_model.get('frame_window_length', 'batch_max') == 'batch_max'),
+    relevance='relevance')
 
 __all__ = ['GMMFormer', 'SPEC', 'objective']

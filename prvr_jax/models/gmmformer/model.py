@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionPooling, QueryEncoder, VideoBranch
-from prvr_jax.models.spec import Batch
+from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
 from prvr_jax.ops import similarity
 
@@ -71,6 +71,13 @@ class GMMFormer(TwoBranchModel):
   def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                        cosine: bool) -> jax.Array:
     return similarity(queries, videos['video'], cosine)
+
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`},
+    whose max over the clips is the pair's clip score S_c (the frame branch is one pooled
+    vector per video: no per-frame relevance)."""
+    return {'clip cosine': position_scores(self.encode_queries(queries),
+                                           self.encode_videos(videos)['clips'])}
 
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {'clip': videos['clips'], 'frame': videos['video'][:, None]}

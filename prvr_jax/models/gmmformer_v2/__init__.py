@@ -17,6 +17,7 @@ SPEC = two_branch.spec(
     # temporal-consolidation cross-attention) and the TC output bias (one value per time
     # step, shared by the K branches the softmax runs over) get none.
     gradient_free=(r'^query/encoder/attention/key/bias$', r'/cross/attention/key/bias$',
-                   r'/mix_out/bias$'))
+                   r'/mix_out/bias$'),
+    relevance='relevance')
 
 __all__ = ['GMMFormerV2', 'SPEC', 'objective']

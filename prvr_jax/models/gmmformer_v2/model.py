@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 
 from prvr_jax.layers import QueryEncoder, VideoBranch
-from prvr_jax.models.spec import Batch
+from prvr_jax.models.spec import Batch, position_scores, real_positions
 from prvr_jax.models.two_branch import TwoBranchModel
 from prvr_jax.ops import max_similarity
 
@@ -58,3 +58,12 @@ class GMMFormerV2(TwoBranchModel):
 
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {'clip': videos['clips'], 'frame': videos['frames']}
+
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`,
+    'frame cosine': `[Q, 128]` (NaN at padded frames)}, whose maxima are the pair's S_c and,
+    over a video without padding, S_f."""
+    encoded, stored = self.encode_queries(queries), self.encode_videos(videos)
+    return {'clip cosine': position_scores(encoded, stored['clips']),
+            'frame cosine': real_positions(position_scores(encoded, stored['frames']),
+                                           videos['frame_mask'])}

@@ -15,6 +15,7 @@ SPEC = two_branch.spec(
     param_counts={'tvr': 4_852_992, 'activitynet': 3_370_752, 'charades': 3_370_752},
     # Softmax is shift invariant: the key biases of the three (unwindowed) attention blocks
     # get none.
-    gradient_free=(r'^(query|clip|frame)/encoder/attention/key/bias$',))
+    gradient_free=(r'^(query|clip|frame)/encoder/attention/key/bias$',),
+    relevance='relevance')
 
 __all__ = ['MSSL', 'SPEC', 'objective']

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 
 from prvr_jax.layers import KeyClipGuidedAttention, QueryEncoder, SequenceEncoder
 from prvr_jax.layers import exhaustive_clips
-from prvr_jax.layers.multiscale import key_clip_attention
-from prvr_jax.models.spec import Batch
+from prvr_jax.layers.multiscale import averaging_matrix, key_clip_attention
+from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, max_similarity
+from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
 
 
 class MSSL(TwoBranchModel):
@@ -38,7 +38,7 @@ class MSSL(TwoBranchModel):
     score_query_chunk: queries scored together by `score` (the KCGA of every pair of a chunk
       is materialised: about chunk * B * (P + L + 2 D) floats, docs/design.md).
   """
-  score_query_chunk: int = 8
+  score_query_chunk: int = 16
 
   TEXT_MASS_BRANCHES: ClassVar[tuple[str, ...]] = ('clip',)
 
@@ -63,6 +63,15 @@ class MSSL(TwoBranchModel):
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {'clip': videos['clips']}
 
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`}, at
+    each of the Lc clip positions the best cosine of the multi-scale clips covering it; its
+    max over the positions is the pair's clip score S_c."""
+    proposals = position_scores(self.encode_queries(queries),
+                                self.encode_videos(videos)['clips'])  # [Q, P]
+    covers = jnp.asarray(averaging_matrix(videos['clip_feats'].shape[1]) > 0)  # [P, Lc]
+    return {'clip cosine': jnp.max(jnp.where(covers, proposals[..., None], -jnp.inf), axis=1)}
+
   def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[Q, B]` fused scores, `score_query_chunk` queries at a time (with text mass, the
     sampled clip branch by `text_mass_score` plus the weighted deterministic frame score)."""
@@ -76,22 +85,25 @@ class MSSL(TwoBranchModel):
 
   def _chunked_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f."""
-    clips = l2_normalize(videos['clips'])
+    clips, frames, frame_mask = videos['clips'], videos['frames'], videos['frame_mask']
     key_kernel = self.key_clip_attention.key_kernel
     value_kernel = self.key_clip_attention.value_kernel
+    video_rows = jnp.arange(clips.shape[0])[None]
 
-    def chunk(q):  # [D] (batched to [chunk, D] by lax.map)
-      cosines = jnp.einsum('d,bpd->bp', l2_normalize(q), clips)
-      best = jnp.argmax(cosines, axis=-1)
-      keys = jnp.take_along_axis(videos['clips'], best[:, None, None], axis=1)[:, 0]
-      attended = key_clip_attention(keys[None], videos['frames'], videos['frame_mask'],
-                                    key_kernel, value_kernel)[0]
-      frame_scores = l2_normalize(attended) @ l2_normalize(q)
+    def chunk(q):  # [c, D]
+      cosines = set_similarities(q, clips, cosine=True)  # [c, B, P]
+      keys = clips[video_rows, jnp.argmax(cosines, axis=-1)]  # [c, B, D]
+      attended = key_clip_attention(keys, frames, frame_mask, key_kernel, value_kernel)
+      frame_scores = jnp.einsum('cbd,cd->cb', l2_normalize(attended), l2_normalize(q))
       if self.stochastic_text:
         return self.frame_score_weight * frame_scores
       return self._fuse(jnp.max(cosines, axis=-1), frame_scores)
 
-    return jax.lax.map(chunk, queries, batch_size=self._chunk(queries))
+    size, count = self._chunk(queries), queries.shape[0]
+    chunks = -(-count // size)
+    padded = jnp.pad(queries, ((0, chunks * size - count), (0, 0)))
+    scores = jax.lax.map(chunk, padded.reshape(chunks, size, -1))
+    return scores.reshape(chunks * size, -1)[:count]
 
   def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """The training forward: clip matrices `[Q, B]`, frame matrices `[Q, Q]` (raw dots for
@@ -103,14 +115,14 @@ class MSSL(TwoBranchModel):
     # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
     queries_aux = self.encode_queries(batch, deterministic)
     clips, own = videos['clips'], batch['query_video']
-    cosines = jnp.einsum('qd,bpd->qbp', l2_normalize(queries), l2_normalize(clips))
+    cosines = set_similarities(queries, clips, cosine=True)
     best = jnp.argmax(jnp.take_along_axis(cosines, own[:, None, None], axis=1)[:, 0], axis=-1)
     keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
     attended = self.key_clip_attention(keys[None], videos['frames'][own],
                                        videos['frame_mask'][own])[0]
     scored, support = self.text_mass_training(queries, videos, own, deterministic)
     if support:  # text mass in training: the clip matrices score the stochastic queries
-      cosines = jnp.einsum('qd,bpd->qbp', l2_normalize(scored['clip']), l2_normalize(clips))
+      cosines = set_similarities(scored['clip'], clips, cosine=True)
       scores = (self._chunked_scores(queries, videos)
                 + self.clip_score_weight * jnp.max(cosines, axis=-1))
     else:
@@ -118,7 +130,7 @@ class MSSL(TwoBranchModel):
     return {
         'scores': scores,
         'clip_scores': jnp.max(cosines, axis=-1),
-        'clip_logits': jnp.max(jnp.einsum('qd,bpd->qbp', scored['clip'], clips), axis=-1),
+        'clip_logits': max_similarity(scored['clip'], clips, cosine=False),
         'frame_scores': l2_normalize(queries) @ l2_normalize(attended).T,
         'frame_logits': queries @ attended.T,
         'queries': queries,

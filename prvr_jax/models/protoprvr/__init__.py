@@ -24,6 +24,7 @@ SPEC = ModelSpec(
     gradient_free=(r'/attention/key/bias$', r'_decoder/weight/bias$',
                    r'^text_decoder/cross_attention/attention/(query|key)/'),
     param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762},
-    candidate_set='clip_prototypes', candidate_query='clip', **TEXT_MASS_SPEC)
+    candidate_set='clip_prototypes', candidate_query='clip', relevance='relevance',
+    **TEXT_MASS_SPEC)
 
 __all__ = ['ProtoPRVR', 'SPEC', 'objective']

@@ -25,9 +25,9 @@ from prvr_jax.layers import AttentionPooling, SequenceEncoder, exhaustive_clips
 from prvr_jax.layers.multiscale import averaging_matrix
 from prvr_jax.layers.prototypes import GENERATORS
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
-from prvr_jax.models.spec import Batch
+from prvr_jax.models.spec import Batch, position_scores, real_positions
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, max_similarity
+from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
 
 BRANCHES = ('clip', 'frame')
 
@@ -149,6 +149,20 @@ class ProtoPRVR(TwoBranchModel):
     return self._fuse(*(max_similarity(queries[b], videos[f'{b}_prototypes'], cosine=True)
                         for b in BRANCHES))
 
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> the attention of the prototype
+    that scores the pair (the best cosine) in each branch: 'clip prototype attention'
+    `[Q, Lc]` (its weights on the multi-scale clips shared out over the clips each covers)
+    and 'frame prototype attention' `[Q, Lf]` (NaN at padded frames); each sums to 1."""
+    encoded = self.encode_queries(queries)
+    chosen = {}
+    for branch, (prototypes, attention) in self._prototypes(videos, deterministic=True).items():
+      best = jnp.argmax(position_scores(encoded[branch], prototypes), axis=-1)  # [Q]
+      chosen[branch] = jnp.take_along_axis(attention, best[:, None, None], axis=1)[:, 0]
+    spread = jnp.asarray(averaging_matrix(videos['clip_feats'].shape[1]))  # [P, Lc]
+    return {'clip prototype attention': chosen['clip'] @ spread,
+            'frame prototype attention': real_positions(chosen['frame'], videos['frame_mask'])}
+
   def _masked_positions(self, query_mask: jax.Array, deterministic: bool
                         ) -> tuple[jax.Array, jax.Array]:
     """(positions `[M]`, masked `[Q, Lq]` bool): M = round(mask_ratio * Lq) (at least 1)
@@ -190,9 +204,9 @@ class ProtoPRVR(TwoBranchModel):
     cosines = {}
     for branch in BRANCHES:
       protos = prototypes[branch][0]
-      cosines[branch] = _cosines(queries[branch], protos)
+      cosines[branch] = set_similarities(queries[branch], protos, cosine=True)
       out[f'{branch}_scores'] = jnp.max(
-          _cosines(scored[branch], protos) if support else cosines[branch], axis=-1)
+          set_similarities(scored[branch], protos, cosine=True) if support else cosines[branch], axis=-1)
       out[f'{branch}_logits'] = max_similarity(scored[branch], protos, cosine=False)
       out[f'{branch}_prototypes'] = protos
       if support:
@@ -241,7 +255,3 @@ class ProtoPRVR(TwoBranchModel):
                                                          axis=-1)[..., 0]
     return out
 
-
-def _cosines(queries: jax.Array, prototypes: jax.Array) -> jax.Array:
-  """`[Q, D]`, `[B, P, D]` -> `[Q, B, P]` cosines."""
-  return jnp.einsum('qd,bpd->qbp', l2_normalize(queries), l2_normalize(prototypes))
