@@ -2,16 +2,19 @@ r"""Parameter tables: one function for `python -m prvr_jax.summary` and the trai
 
   python -m prvr_jax.summary --config=configs/gmmformer_v2.py:tvr
 
-computes the parameters with `jax.eval_shape` (nothing is allocated), prints one row per
-parameter and ends with `total parameters: <N>`.
+computes the parameters with `jax.eval_shape` (nothing is allocated) and prints clu's parameter
+table (`clu.parameter_overview.make_table`, the table of `log_parameter_overview`: name, shape,
+dtype and size of each parameter), their bytes, and ends with `total parameters: <N>`.
 """
 
+import dataclasses
 import math
 import sys
 from typing import Any
 
 from absl import app
 from absl import flags
+from clu import parameter_overview
 import jax
 from ml_collections import config_flags
 
@@ -20,30 +23,40 @@ from prvr_jax.models import registry
 from prvr_jax.models.spec import path_of
 
 
-def parameter_rows(params: Any, depth: int | None = None
-                   ) -> list[tuple[str, tuple[int, ...] | None, int]]:
-  """(path, shape, count) per leaf in tree order, or per path prefix of `depth` components
-  (shape None where leaves were summed)."""
-  rows: dict[str, tuple[tuple[int, ...] | None, int]] = {}
+@dataclasses.dataclass
+class ParameterRow:
+  """A parameter ('a/b/c' path, shape, dtype, size); a row of several parameters (a path
+  prefix) has no shape and lists their dtypes."""
+  name: str
+  shape: str
+  dtype: str
+  size: int
+
+
+def parameter_rows(params: Any, depth: int | None = None) -> list[ParameterRow]:
+  """One row per leaf in tree order, or per path prefix of `depth` components."""
+  rows: dict[str, ParameterRow] = {}
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
     parts = path_of(key_path).split('/')
     name = '/'.join(parts if depth is None else parts[:depth])
-    size = math.prod(leaf.shape)
-    if name in rows:
-      rows[name] = (None, rows[name][1] + size)
+    size, dtype = math.prod(leaf.shape), str(leaf.dtype)
+    row = rows.get(name)
+    if row is None:
+      whole = depth is None or len(parts) <= depth
+      rows[name] = ParameterRow(name, str(tuple(leaf.shape)) if whole else '', dtype, size)
     else:
-      rows[name] = (tuple(leaf.shape) if depth is None or len(parts) <= depth else None, size)
-  return [(name, shape, size) for name, (shape, size) in rows.items()]
+      row.shape, row.size = '', row.size + size
+      if dtype not in row.dtype.split(','):
+        row.dtype += f',{dtype}'
+  return list(rows.values())
 
 
 def format_table(params: Any, depth: int | None = None) -> str:
-  """`parameter_rows` as text, ending with `total parameters: <N>`."""
+  """`parameter_rows` as clu's table, then the bytes and `total parameters: <N>`."""
   rows = parameter_rows(params, depth)
-  width = max(len(name) for name, _, _ in rows)
-  lines = [f'{"parameter":<{width}}  {"shape":<18} {"count":>12}']
-  lines += [f'{name:<{width}}  {str(shape or ""):<18} {size:>12,}' for name, shape, size in rows]
-  lines.append(f'total parameters: {sum(size for _, _, size in rows)}')
-  return '\n'.join(lines)
+  nbytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+  return (f'{parameter_overview.make_table(rows)}\n{nbytes:,} bytes\n'
+          f'total parameters: {sum(row.size for row in rows)}')
 
 
 def main(argv: list[str]) -> None:

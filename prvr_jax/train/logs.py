@@ -1,5 +1,12 @@
-"""Training metrics: TensorBoard + JSONL writer (process 0), and the per-step host log with the
-non-finite-loss stop."""
+"""Training metrics: the metric writer (process 0), and the per-step host log with the
+non-finite-loss stop.
+
+`MetricWriter` writes each record twice: one JSON line in `<workdir>/metrics.jsonl` (the
+record other tools read, appended whole, torn lines dropped on resume) and, as flax/examples
+do, TensorBoard scalars through `clu.metric_writers.SummaryWriter` in `<workdir>/tensorboard`
+(tags `<split>/<name>`). clu's TensorBoard writer needs TensorFlow and TensorBoard; where either
+cannot be imported the run writes the JSONL alone and says so once.
+"""
 
 from collections.abc import Mapping
 import json
@@ -23,19 +30,41 @@ class NonFiniteLossError(FloatingPointError):
   """The training loss became NaN or Inf; the message names the step and the terms."""
 
 
+def _tensorboard_writer(logdir: str) -> Any:
+  """clu's TensorBoard `SummaryWriter` on `logdir`, or None (with one warning) when clu,
+  TensorFlow or TensorBoard cannot be imported."""
+  try:
+    from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    logging.warning('No TensorBoard event files for this run: clu.metric_writers cannot be '
+                    'imported (%s: %s; it needs tensorflow and tensorboard). Metrics are '
+                    'written to %s only.', type(e).__name__, e, METRICS_FILE)
+    return None
+  # TensorFlow is importable now; its summary ops must not take accelerator memory from JAX.
+  from prvr_jax.data import frames  # pylint: disable=g-import-not-at-top
+  frames.keep_tf_off_accelerators()
+  return metric_writers.SummaryWriter(logdir)
+
+
+def _append_line(path: str, line: str) -> None:
+  """Appends `line` and a newline in one write call to a file opened O_APPEND, never through a
+  planted link: a crash leaves at most a torn last line, which `truncate_after` drops."""
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  with os.fdopen(fd, 'ab') as f:
+    f.write((line + '\n').encode('utf-8'))
+
+
 class MetricWriter:
-  """Scalars to TensorBoard event files and `<workdir>/metrics.jsonl` (process 0 only)."""
+  """Scalars to `<workdir>/metrics.jsonl` and TensorBoard event files (process 0 only).
+
+  A record is `{'step', 'split', **extra, **scalars}` in the JSONL, and the scalars as
+  TensorBoard tags `<split>/<name>` at `step`.
+  """
 
   def __init__(self, workdir: str, enabled: bool):
     self.enabled = enabled
     self._jsonl = os.path.join(workdir, METRICS_FILE)
-    self._tb = None
-    if enabled:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tf = tf
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, TB_DIR))
-      self._scalar_meta = tf.compat.v1.SummaryMetadata(
-          plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name='scalars'))
+    self._tb = _tensorboard_writer(os.path.join(workdir, TB_DIR)) if enabled else None
 
   def truncate_after(self, step: int) -> None:
     """Drops jsonl records past `step` (written by a run that is now being resumed), earlier
@@ -62,21 +91,19 @@ class MetricWriter:
     files.write_atomic(self._jsonl, lambda f: f.write(''.join(kept).encode('utf-8')))
 
   def write(self, step: int, split: str, scalars: Mapping[str, float], **extra: Any) -> None:
+    """Writes one record; the event file is flushed, so TensorBoard shows it at once."""
     if not self.enabled:
       return
-    record = {'step': int(step), 'split': split, **extra,
-              **{k: float(v) for k, v in scalars.items()}}
-    with open(self._jsonl, 'a', encoding='utf-8') as f:
-      f.write(json.dumps(record) + '\n')
-    with self._tb.as_default():
-      for name, value in scalars.items():
-        self._tf.summary.write(f'{split}/{name}', self._tf.constant(float(value)), step=step,
-                               metadata=self._scalar_meta)
-    self._tb.flush()
+    values = {k: float(v) for k, v in scalars.items()}
+    _append_line(self._jsonl, json.dumps({'step': int(step), 'split': split, **extra, **values}))
+    if self._tb is not None:
+      self._tb.write_scalars(int(step), {f'{split}/{k}': v for k, v in values.items()})
+      self._tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
 
 
 class StepLog:

@@ -31,7 +31,7 @@ EXACT_RESUME_FIELDS = (
     'train.batch_size', 'train.seed')
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).
 OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
-                      'train.checkpoint_every_steps', 'train.stop_after_steps')
+                      'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
 
 
 class WorkdirBusyError(files.FolderBusyError):

@@ -1,0 +1,330 @@
+r"""A config over several seeds: one train.py run per seed, then mean ± std of every metric.
+
+  python -m prvr_jax.experiments.seeds --config=configs/ms_sl.py --seeds=3 \
+      --workdir=/tmp/ms_sl_seeds [--config.x=y ...] [--parallel=N]
+
+The seeds are `config.train.seed`, +1, ..., +N-1 (`--config.train.seed=S` sets the first);
+seed s trains in `<workdir>/seed_<s>` (its output in `<workdir>/seed_<s>.log`), as a train.py
+subprocess, one after the other or `--parallel` at a time. Re-running the command resumes: a
+seed whose run finished (`test_metrics.json`, and the same config) is not run again, an
+interrupted one continues where it stopped.
+
+`<workdir>/seeds.json` and `<workdir>/seeds.md` hold, per split, the mean and the sample
+standard deviation (ddof=1) over the seeds of every metric, and each seed's value. `val`: the
+validation metrics of each run's selected checkpoint (the best val SumR), from its
+`metrics.jsonl`; `test`: its `test_metrics.json`, the test split evaluated once with that
+checkpoint. See docs/seeds.md.
+"""
+
+from collections.abc import Mapping, Sequence
+import concurrent.futures
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+from ml_collections import config_flags
+
+import prvr_jax
+from prvr_jax import config_lib
+from prvr_jax import files
+
+# The files of a train.py workdir read here (prvr_jax.train.loop.TEST_METRICS_FILE and
+# prvr_jax.train.logs.METRICS_FILE; importing prvr_jax.train would load the whole stack).
+TEST_METRICS_FILE = 'test_metrics.json'
+METRICS_FILE = 'metrics.jsonl'
+JSON_FILE = 'seeds.json'
+MARKDOWN_FILE = 'seeds.md'
+LOCK_FILE = '.seeds.lock'
+STD_NOTE = 'sample standard deviation over seeds (ddof=1)'
+SPLIT_TITLES = {'val': 'val: the selected checkpoint (best val SumR) of each seed',
+                'test': 'test: the selected checkpoint, evaluated once at the end'}
+# Listed first in the tables; the other metrics follow by name, numbers by value (r5 < r10).
+PRIMARY_METRICS = ('r1', 'r5', 'r10', 'r100', 'sumr')
+# Bookkeeping of a val record, not metrics (test_metrics.json has `step`, `best_epoch` and
+# `val_sumr`).
+_VAL_BOOKKEEPING = ('split', 'step', 'epoch', 'best_sumr')
+_OVERRIDE = re.compile(r'^--?(no)?config\.([^=]+)')
+
+
+class SeedRunError(RuntimeError):
+  """A seed's train.py run failed; the message names the seed and ends with its log."""
+
+
+def seed_dir(workdir: str, seed: int) -> str:
+  return os.path.join(workdir, f'seed_{seed}')
+
+
+def load_config(config_arg: str, overrides: Sequence[str]) -> ml_collections.ConfigDict:
+  """The config of `--config=<config_arg>` with the `--config.key=value` `overrides`, parsed
+  as train.py parses them, and validated."""
+  argv = ['seeds', f'--config={config_arg}', *overrides]
+  config_lib.check_override_flags(argv)
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'Config file[:variant].', flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  config_lib.validate(values.config)
+  return values.config
+
+
+def override_tokens(argv: Sequence[str]) -> list[str]:
+  """The `--config.key=value` overrides of a command line, in order (a value may also be the
+  next token, as absl allows)."""
+  tokens = []
+  rest = list(argv[1:])
+  while rest:
+    token = rest.pop(0)
+    if _OVERRIDE.match(token):
+      tokens.append(token)
+      if '=' not in token and rest and not rest[0].startswith('-'):
+        tokens.append(rest.pop(0))
+  return tokens
+
+
+def child_argv(train_script: str, config_arg: str, overrides: Sequence[str], seed: int,
+               workdir: str) -> list[str]:
+  """The train.py command of one seed: the overrides but the seed's own `train.seed`."""
+  argv = [sys.executable, train_script, f'--config={config_arg}']
+  rest = list(overrides)
+  while rest:
+    token = rest.pop(0)
+    group = [token]
+    if '=' not in token and rest and not rest[0].startswith('-'):
+      group.append(rest.pop(0))
+    match = _OVERRIDE.match(token)
+    if not (match and match.group(2) == 'train.seed'):
+      argv += group
+  return argv + [f'--config.train.seed={seed}', f'--workdir={workdir}']
+
+
+def default_train_script() -> str:
+  """train.py of the source checkout the package is imported from."""
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(prvr_jax.__file__))),
+                      'train.py')
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def _numbers(record: Mapping[str, Any], drop: Sequence[str] = ()) -> dict[str, float]:
+  return {k: v for k, v in record.items()
+          if k not in drop and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def read_seed_results(run_dir: str) -> dict[str, dict[str, float]]:
+  """{'val': metrics, 'test': metrics} of a finished train.py workdir: the val record of the
+  selected checkpoint's step in `metrics.jsonl` (bookkeeping fields dropped) and every number
+  of `test_metrics.json`."""
+  test_path = os.path.join(run_dir, TEST_METRICS_FILE)
+  with open(test_path, encoding='utf-8') as f:
+    test = json.load(f)
+  jsonl = os.path.join(run_dir, METRICS_FILE)
+  if not os.path.isfile(jsonl):
+    raise FileNotFoundError(f'{jsonl} is missing: the val metrics of the run in {run_dir} '
+                            'cannot be read.')
+  val = None
+  with open(jsonl, encoding='utf-8') as f:
+    for line in f:
+      record = json.loads(line)
+      if record.get('split') == 'val' and record.get('step') == test['step']:
+        val = record
+  if val is None:
+    raise ValueError(f'{jsonl} has no val record at step {test["step"]}, the step of the '
+                     f'checkpoint {test_path} was computed with.')
+  if val['sumr'] != test['val_sumr']:
+    raise ValueError(f'{jsonl} and {test_path} disagree on the val SumR of the selected '
+                     f'checkpoint ({val["sumr"]} vs {test["val_sumr"]}).')
+  return {'val': _numbers(val, _VAL_BOOKKEEPING), 'test': _numbers(test)}
+
+
+def _metric_order(names: Sequence[str]) -> list[str]:
+  def natural(name):
+    return [(1, 0.0, part) if i % 2 == 0 else (0, float(part), '')
+            for i, part in enumerate(re.split(r'(\d+(?:\.\d+)?)', name))]
+  return ([n for n in PRIMARY_METRICS if n in names]
+          + sorted((n for n in names if n not in PRIMARY_METRICS), key=natural))
+
+
+def aggregate(results: Mapping[int, Mapping[str, Mapping[str, float]]]) -> dict[str, Any]:
+  """Mean and sample standard deviation (ddof=1; None for one seed) of every metric per split.
+
+  Args:
+    results: seed -> split -> metric -> value; every seed must have the same splits and
+      metrics.
+
+  Returns:
+    `{'seeds': [sorted seeds], 'std': STD_NOTE, 'splits': {split: {metric: {'mean', 'std',
+    'values': [one per seed, in seed order]}}}}`, splits in the order of the first seed's,
+    metrics r1, r5, r10, r100, sumr first, then by name.
+  """
+  seeds = sorted(results)
+  if not seeds:
+    raise ValueError('No seed results to aggregate.')
+  first = results[seeds[0]]
+  for seed in seeds[1:]:
+    for split in set(first) | set(results[seed]):
+      mine, theirs = set(first.get(split, ())), set(results[seed].get(split, ()))
+      if mine != theirs:
+        raise ValueError(f'Seed {seed} has other {split} metrics than seed {seeds[0]}: '
+                         f'{sorted(mine ^ theirs)} in only one of them.')
+  splits = {}
+  for split, metrics in first.items():
+    table = {}
+    for name in _metric_order(list(metrics)):
+      values = [results[seed][split][name] for seed in seeds]
+      table[name] = {'mean': statistics.fmean(values),
+                     'std': statistics.stdev(values) if len(values) > 1 else None,
+                     'values': values}
+    splits[split] = table
+  return {'seeds': seeds, 'std': STD_NOTE, 'splits': splits}
+
+
+def _value(v: float) -> str:
+  return str(v) if isinstance(v, int) else f'{v:.2f}'
+
+
+def format_markdown(summary: Mapping[str, Any], title: str) -> str:
+  """`aggregate`'s result as Markdown: one table per split, `mean ± std` and each seed."""
+  seeds = summary['seeds']
+  lines = [f'# {title}', '',
+           f'Mean ± {STD_NOTE}, {len(seeds)} seeds; each run selected its checkpoint on the '
+           'validation split only.', '']
+  for split, table in summary['splits'].items():
+    lines += [f'## {SPLIT_TITLES.get(split, split)}', '',
+              '| metric | mean ± std | ' + ' | '.join(f'seed {s}' for s in seeds) + ' |',
+              '| --- ' * (2 + len(seeds)) + '|']
+    for name, stat in table.items():
+      spread = f' ± {stat["std"]:.2f}' if stat['std'] is not None else ' (one seed)'
+      lines.append(f'| {name} | {stat["mean"]:.2f}{spread} | '
+                   + ' | '.join(_value(v) for v in stat['values']) + ' |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _check_finished_config(run_dir: str, config: ml_collections.ConfigDict, seed: int) -> None:
+  """Raises unless the finished run in `run_dir` was trained with `config` at `seed`."""
+  # Loads the training stack, only when a finished seed is found.
+  from prvr_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  saved = workdir_lib.read_saved_config(run_dir)
+  if saved is None:
+    raise ValueError(f'{run_dir} has {TEST_METRICS_FILE} but no config.json: not a run of '
+                     'train.py; use a new --workdir.')
+  expected = config.to_dict()
+  expected['train']['seed'] = seed
+  breaking, other = workdir_lib.resume_config_changes(saved, expected)
+  if breaking or other:
+    raise ValueError(f'{run_dir} finished with another configuration '
+                     f'({"; ".join(breaking + other)}). Use a new --workdir, or the flags of '
+                     f'that run (its config.json).')
+
+
+def _run_seed(seed: int, argv: list[str], log_path: str, env: Mapping[str, str]
+              ) -> str | None:
+  """Runs one seed's train.py, its output appended to `log_path`; None or the failure."""
+  start = time.time()
+  logging.info('seed %d: training (%s)', seed, log_path)
+  with open(log_path, 'ab') as log:
+    code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                          check=False).returncode
+  if code == 0:
+    logging.info('seed %d: done in %.0f s', seed, time.time() - start)
+    return None
+  with open(log_path, encoding='utf-8', errors='replace') as f:
+    tail = ''.join(f.readlines()[-15:])
+  return f'seed {seed}: train.py exited with {code}; the end of {log_path}:\n{tail}'
+
+
+def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir: str,
+              parallel: int = 1, train_script: str | None = None,
+              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+  """Trains `config_arg` (with `overrides`, as on train.py's command line) over `num_seeds`
+  seeds in `workdir`, `parallel` train.py processes at a time, and writes seeds.json and
+  seeds.md; returns what seeds.json holds (`aggregate`'s result, the config and overrides).
+
+  `env` is the environment of the train.py processes (default os.environ); with
+  `parallel` > 1 they do not preallocate accelerator memory unless `env` says otherwise.
+  """
+  if num_seeds < 1:
+    raise ValueError(f'--seeds={num_seeds} must be at least 1.')
+  if parallel < 1:
+    raise ValueError(f'--parallel={parallel} must be at least 1.')
+  train_script = train_script or default_train_script()
+  if not os.path.isfile(train_script):
+    raise FileNotFoundError(f'{train_script} does not exist (train.py ships with the source '
+                            'checkout); pass --train_script=PATH/train.py.')
+  if os.path.exists(os.path.join(workdir, METRICS_FILE)):
+    raise ValueError(f'--workdir={workdir} is a training run; the seeds need a folder of '
+                     'their own.')
+  config = load_config(config_arg, overrides)
+  first = int(config.train.seed)
+  seeds = list(range(first, first + num_seeds))
+  env = dict(os.environ if env is None else env)
+  if parallel > 1:
+    env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  os.makedirs(workdir, exist_ok=True)
+  with files.folder_lock(workdir, LOCK_FILE, 'seeds run', '--workdir'):
+    todo = []
+    for seed in seeds:
+      if os.path.isfile(os.path.join(seed_dir(workdir, seed), TEST_METRICS_FILE)):
+        _check_finished_config(seed_dir(workdir, seed), config, seed)
+        logging.info('seed %d: finished in %s; not run again.', seed, seed_dir(workdir, seed))
+      else:
+        todo.append(seed)
+
+    def run(seed: int) -> str | None:
+      argv = child_argv(train_script, config_arg, overrides, seed, seed_dir(workdir, seed))
+      return _run_seed(seed, argv, f'{seed_dir(workdir, seed)}.log', env)
+
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+      failures = [failure for failure in pool.map(run, todo) if failure]
+    if failures:
+      raise SeedRunError('\n\n'.join(failures) + '\n\nRun the same command again to resume.')
+    summary = {'config': config_arg, 'overrides': list(overrides),
+               **aggregate({s: read_seed_results(seed_dir(workdir, s)) for s in seeds})}
+    title = f'{config_arg} over seeds {", ".join(map(str, seeds))}'
+    if overrides:
+      title += f' ({" ".join(overrides)})'
+    markdown = format_markdown(summary, title)
+    files.publish(workdir, {JSON_FILE: files.json_writer(summary),
+                            MARKDOWN_FILE: lambda f: f.write(markdown.encode('utf-8'))},
+                  marker=JSON_FILE)
+  return summary
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  args = flags.FLAGS
+  try:
+    run_seeds(config_flags.get_config_filename(args['config']), override_tokens(sys.argv),
+              args.seeds, args.workdir, args.parallel, args.train_script)
+  except (SeedRunError, ValueError, OSError, files.FolderBusyError) as e:
+    sys.exit(f'seeds: {e}')
+  with open(os.path.join(args.workdir, MARKDOWN_FILE), encoding='utf-8') as f:
+    print(f.read())
+
+
+if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', None, 'Config file[:variant], as for train.py.',
+                                  lock_config=True)
+  flags.DEFINE_integer('seeds', 3, 'Number of seeds: config.train.seed, +1, ...')
+  flags.DEFINE_string('workdir', None, 'seed_<s>/ of every seed, seeds.json and seeds.md go '
+                      'here; an existing one is resumed.')
+  flags.DEFINE_integer('parallel', 1, 'train.py processes at a time.')
+  flags.DEFINE_string('train_script', None, 'train.py to run (default: the one of the source '
+                      'checkout prvr_jax is imported from).')
+  flags.mark_flags_as_required(['config', 'workdir'])
+  config_lib.check_override_flags(sys.argv)
+  app.run(main)

@@ -1,0 +1,103 @@
+"""The metric writer: the same scalars in metrics.jsonl and in TensorBoard event files (clu),
+JSONL alone without TensorFlow, nothing on processes other than 0, no write through a link."""
+
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from prvr_jax.train import logs
+
+RECORDS = [  # (step, split, scalars, extra)
+    (1, 'train', {'loss': 2.5, 'lr': 0.0}, {'epoch': 0}),
+    (2, 'train', {'loss': 1.25, 'lr': 3e-4}, {'epoch': 0}),
+    (2, 'val', {'r1': 12.5, 'sumr': 100.0 / 3.0}, {'epoch': 0}),
+    (2, 'test', {'r1': 7.0, 'sumr': 90.1}, {}),
+]
+
+
+def write_records(workdir: str, enabled: bool = True) -> None:
+  writer = logs.MetricWriter(workdir, enabled=enabled)
+  for step, split, scalars, extra in RECORDS:
+    writer.write(step, split, scalars, **extra)
+  writer.close()
+
+
+def expected_lines() -> list[dict]:
+  return [{'step': step, 'split': split, **extra, **scalars}
+          for step, split, scalars, extra in RECORDS]
+
+
+def read_lines(workdir) -> list[dict]:
+  return [json.loads(line) for line in (workdir / logs.METRICS_FILE).read_text().splitlines()]
+
+
+@pytest.fixture
+def without_tensorflow(monkeypatch):
+  """`import tensorflow` / `import tensorboard` fail, as on an image without them."""
+  before = set(sys.modules)
+  for name in list(sys.modules):
+    if name.startswith('clu.metric_writers'):
+      monkeypatch.delitem(sys.modules, name)
+  if hasattr(sys.modules.get('clu'), 'metric_writers'):  # `from clu import` reads it first
+    monkeypatch.delattr(sys.modules['clu'], 'metric_writers')
+  monkeypatch.setitem(sys.modules, 'tensorflow', None)
+  monkeypatch.setitem(sys.modules, 'tensorboard', None)
+  yield
+  for name in set(sys.modules) - before:  # half-imported by the failed import
+    if name.startswith('clu.metric_writers'):
+      del sys.modules[name]
+
+
+def test_jsonl_and_tensorboard_hold_the_same_scalars(tmp_path):
+  pytest.importorskip('tensorflow')
+  event_accumulator = pytest.importorskip(
+      'tensorboard.backend.event_processing.event_accumulator')
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  write_records(str(tmp_path))
+  assert read_lines(tmp_path) == expected_lines()
+
+  events = event_accumulator.EventAccumulator(
+      str(tmp_path / logs.TB_DIR), size_guidance={event_accumulator.TENSORS: 0})
+  events.Reload()
+  written = {}
+  for tag in events.Tags()['tensors']:
+    written[tag] = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item())
+                    for e in events.Tensors(tag)]
+  expected = {}
+  for step, split, scalars, _ in RECORDS:
+    for name, value in scalars.items():
+      # Exact: TensorBoard stores a scalar as float32, the JSONL the float64 it was given.
+      expected.setdefault(f'{split}/{name}', []).append((step, float(np.float32(value))))
+  assert written == expected
+
+
+def test_without_tensorflow_the_jsonl_is_written_with_one_warning(tmp_path, caplog,
+                                                                 without_tensorflow):
+  with caplog.at_level(logging.WARNING):
+    write_records(str(tmp_path))
+  warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1
+  assert 'No TensorBoard event files' in warnings[0].getMessage()
+  assert 'tensorflow and tensorboard' in warnings[0].getMessage()
+  assert read_lines(tmp_path) == expected_lines()
+  assert not (tmp_path / logs.TB_DIR).exists()
+
+
+def test_only_process_0_writes(tmp_path):
+  write_records(str(tmp_path), enabled=False)
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_planted_link_is_not_written_through(tmp_path, without_tensorflow):
+  victim = tmp_path / 'victim'
+  victim.write_text('precious')
+  os.symlink(victim, tmp_path / logs.METRICS_FILE)
+  writer = logs.MetricWriter(str(tmp_path), enabled=True)
+  with pytest.raises(OSError):
+    writer.write(1, 'train', {'loss': 1.0})
+  writer.close()
+  assert victim.read_text() == 'precious'
