@@ -275,7 +275,7 @@ def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str,
 
   Args:
     path: an official checkpoint (a dict with the state_dict under 'state_dict' or 'model')
-      or a `torch.save`d state_dict.
+      or a state_dict written by `torch.save`.
     use_torch: read with torch (True), with the torch-free reader (False), or torch when it
       is importable (None).
   """

@@ -155,7 +155,7 @@ def clamp_params(upper: Any) -> optax.GradientTransformation:
 
 def clip_by_tensor_norm(max_norm: float,
                         stacked: Optional[MaskOrFn] = None) -> optax.GradientTransformation:
-  """Scales each official tensor's gradient to L2 norm <= max_norm (torch clip_grad_norm_).
+  """Scales each official tensor's gradient to L2 norm <= max_norm (torch's `clip_grad_norm_`).
 
   Like torch, the factor is min(1, max_norm / (norm + 1e-6)). Where `stacked` (a pytree of
   bools like the params, or a callable params -> one) is True, the leaf's leading axis holds

@@ -4,7 +4,7 @@ A caption is cleaned (`ftfy.fix_text` when ftfy is installed, HTML entities unes
 runs of whitespace made one space), lowercased, split into words, numbers and punctuation runs,
 and each piece is byte-encoded and merged by the BPE ranks of the merges file. A row of
 `Tokenizer.__call__` is `<|startoftext|> tokens <|endoftext|>` then zeros. As in OpenAI's
-tokenizer, the text '<|startoftext|>' or '<|endoftext|>' inside a caption becomes that special
+tokenizer, the text `<|startoftext|>` or `<|endoftext|>` inside a caption becomes that special
 token (open_clip 3.x tokenises it as plain text; otherwise the two agree).
 
 The merges file (`bpe_simple_vocab_16e6.txt.gz`, 48,894 merges after a header line, 49,408

@@ -187,7 +187,7 @@ def _parse_dict_literal(text: str):
 
 
 def read_video2frames(path: str) -> dict[str, list[str]]:
-  """Parses `video2frames.txt` (a dict literal, never `eval`ed): video id -> frame ids."""
+  """Parses `video2frames.txt` (a dict literal, never passed to `eval`): video id -> frame ids."""
   _require_files([path], 'video2frames')
   with open(path, encoding='utf-8') as f:
     text = f.read()
