@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from prvr_jax import checkpoint, models, parallel, train
 from prvr_jax.data import text_video
+from prvr_jax.data.release import DataError
 from prvr_jax.train import data as train_data
 import support
 
@@ -53,6 +54,10 @@ def test_training_on_frames_fine_tunes_clip_and_evaluates(tmp_path):
   config.train.update(batch_size=2, num_epochs=1)
   config.eval.update(video_batch_size=2, query_batch_size=2)
   workdir = str(tmp_path / 'run')
+  # The cheap data check runs first: a 2-video MSR-VTT is not the published release.
+  with pytest.raises(DataError, match=r'MSRVTT_train.9k.csv.*2 videos and 4 captions.*9,000'):
+    train.train_and_evaluate(config, workdir)
+  config.data.check_published = False  # a subset: compared with no catalogue entry
   out = train.train_and_evaluate(config, workdir)
   # CLIP is fine-tuned: both towers moved from their initialisation (at the backbone lr).
   spec = models.get_spec(config.model)

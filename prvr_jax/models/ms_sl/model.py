@@ -85,7 +85,7 @@ class MSSL(TwoBranchModel):
 
   def _chunked_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f."""
-    clips, frames, frame_mask = videos['clips'], videos['frames'], videos['frame_mask']
+    clips, frames, frame_mask = (jnp.asarray(videos[k]) for k in ('clips', 'frames', 'frame_mask'))
     key_kernel = self.key_clip_attention.key_kernel
     value_kernel = self.key_clip_attention.value_kernel
     video_rows = jnp.arange(clips.shape[0])[None]
