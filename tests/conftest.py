@@ -18,6 +18,9 @@ import pytest
 # environment, before jax is imported, so that the CLI subprocesses (which copy os.environ)
 # inherit it too. A value set by the caller is kept.
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
+# The suite runs in 2 pytest-xdist workers (README): on one accelerator each worker (and each
+# CLI subprocess) takes memory as it needs it instead of 75% of it up front.
+os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 # Two CPU devices in the test process, so that data parallelism (the contract test's 1 vs 2
 # devices, the sharded evaluator) runs in-process; CLI subprocesses set their own count.
 # Without a GPU/TPU JAX then runs on these CPU devices. LLVM -O0 compiles the suite's many

@@ -151,3 +151,20 @@ def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, in
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# The pictures `prvr_jax.plots` draws for a run (`config.train.plots`, `evaluate.py --plots`).
+PICTURES = ('training_curves', 'recall_by_moment_ratio', 'similarity_heatmap', 'moment_relevance')
+HAS_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
+
+
+def assert_png(path, name: str) -> None:
+  """`path` is a PNG of `plots.INCHES[name]` x `plots.DPI` pixels that is not one colour."""
+  from matplotlib import image  # pylint: disable=g-import-not-at-top
+  from prvr_jax import plots  # pylint: disable=g-import-not-at-top
+  with open(path, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n', path
+  pixels = image.imread(path)
+  width, height = plots.INCHES[name]
+  assert pixels.shape[:2] == (round(height * plots.DPI), round(width * plots.DPI)), path
+  assert pixels[..., :3].std() > 0, f'{path} is blank'

@@ -1,9 +1,9 @@
 """The pictures (prvr_jax.plots): each PNG is written, decodes, has the stated pixel size and
 is not blank; `ModelSpec.relevance` of every model that names one: its shape, its padding and
-its tie to the model's own score; `evaluate.py --plots` on the session's reference run."""
+its tie to the model's own score; the reference run's pictures (`config.train.plots`); `evaluate.py --plots` is checked by
+tests/train/test_train.py::test_evaluate_cli_on_workdir."""
 
 import importlib.util
-import json
 import sys
 
 import jax
@@ -21,26 +21,14 @@ FRAME_LENGTHS = (128, 70, 5)   # video q is query q's; the first has no padded f
 QUERY_LENGTHS = (30, 7, 3)
 
 
-def assert_png(path, name: str) -> None:
-  """`path` is a PNG of `plots.INCHES[name]` x `plots.DPI` pixels that is not one colour."""
-  from matplotlib import image  # pylint: disable=g-import-not-at-top
-  with open(path, 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n', path
-  pixels = image.imread(path)
-  width, height = plots.INCHES[name]
-  assert pixels.shape[:2] == (round(height * plots.DPI), round(width * plots.DPI)), path
-  assert pixels[..., :3].std() > 0, f'{path} is blank'
-
-
 @needs_matplotlib
 def test_training_curves_of_the_reference_run(reference_run, tmp_path):
   # config.train.plots: the run drew every picture into its workdir at the end.
-  for name in ('training_curves', 'recall_by_moment_ratio', 'similarity_heatmap',
-               'moment_relevance'):
-    assert_png(reference_run / f'{name}.png', name)
+  for name in support.PICTURES:
+    support.assert_png(reference_run / f'{name}.png', name)
   written = plots.write_training_plots(str(reference_run), str(tmp_path))
   assert list(written) == ['training_curves']
-  assert_png(written['training_curves'], 'training_curves')
+  support.assert_png(written['training_curves'], 'training_curves')
   # A line cut by a crash is skipped; a workdir without metrics is named.
   torn = tmp_path / 'torn'
   torn.mkdir()
@@ -61,19 +49,19 @@ def test_evaluation_pictures_from_arrays(tmp_path):
   ratio = np.where(np.arange(num_queries) % 7 == 0, np.nan, rng.uniform(0, 1, num_queries))
   path = plots.recall_by_moment_ratio(ranks, ratio, ((0, 0.25), (0.25, 0.5), (0.5, 1)),
                                       str(tmp_path / 'recall.png'))
-  assert_png(path, 'recall_by_moment_ratio')
+  support.assert_png(path, 'recall_by_moment_ratio')
   path = plots.similarity_heatmap(scores, np.arange(12), ground_truth[:12],
                                   str(tmp_path / 'heatmap.png'),
                                   [f'q{i}' for i in range(num_queries)],
                                   [f'v{i}' for i in range(num_videos)], ranks)
-  assert_png(path, 'similarity_heatmap')
+  support.assert_png(path, 'similarity_heatmap')
   examples = [plots.RelevanceExample('with a moment', {'a': rng.normal(size=32),
                                                        'b': np.r_[rng.normal(size=70),
                                                                   np.full(58, np.nan)]},
                                      span=(3.0, 9.5), duration=20.0),
               plots.RelevanceExample('no moment known', {'a': rng.normal(size=32)})]
   path = plots.moment_relevance(examples, str(tmp_path / 'relevance.png'))
-  assert_png(path, 'moment_relevance')
+  support.assert_png(path, 'moment_relevance')
   with pytest.raises(ValueError, match='ranks'):
     plots.recall_by_moment_ratio(ranks[:3], ratio, (), str(tmp_path / 'bad.png'))
 
@@ -142,15 +130,3 @@ def test_relevance_shapes_and_scores(name):
     for curve in curves.values():
       support.assert_close(np.nansum(curve, axis=1), np.ones(len(QUERY_LENGTHS)),
                            rtol=support.f32_rtol(config.model.max_frames, ops=2))
-
-
-@needs_matplotlib
-def test_evaluate_cli_plots(reference_run, config_path, tiny_data, xla_cache, tmp_path):
-  out = tmp_path / 'eval'
-  support.run_cli('evaluate.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
-                  f'--checkpoint={reference_run}', f'--output_dir={out}', '--plots',
-                  cache_dir=xla_cache)
-  assert json.loads((out / 'metrics.json').read_text())['split'] == 'test'
-  for name in ('training_curves', 'recall_by_moment_ratio', 'similarity_heatmap',
-               'moment_relevance'):
-    assert_png(out / f'{name}.png', name)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+import support
 from support import load_config, load_latest_params, read_jsonl, run_cli
 
 STEPS_PER_EPOCH, EPOCHS = 3, 2  # 24 train videos / batch 8; config 'tiny'
@@ -63,9 +64,11 @@ def test_outputs(reference_run, tiny_data):
 
 def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cache):
   out = reference_run / 'eval_out'
+  plots = ['--plots'] if support.HAS_MATPLOTLIB else []
   run_cli('evaluate.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
-          f'--checkpoint={reference_run}',
-          f'--output_dir={out}', cache_dir=xla_cache)
+          f'--checkpoint={reference_run}', f'--output_dir={out}', *plots, cache_dir=xla_cache)
+  for name in support.PICTURES if plots else ():
+    support.assert_png(out / f'{name}.png', name)
   metrics = json.loads((out / 'metrics.json').read_text())
   test = json.loads((reference_run / 'test_metrics.json').read_text())
   # Exact: the same eval programs on the same checkpoint, on the same machine.
