@@ -126,9 +126,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     changes = (_check_resume_config(config, latest_meta, workdir, allow_config_change)
                if latest_meta is not None else [])
     writer = logs.MetricWriter(workdir, is_main)
-    if is_main:
-      workdir_lib.record_config(workdir, config.to_dict(), checkpoints.latest_step() or 0,
-                                changes)
     # Every process: the check is read-only, and one process raising alone would leave the
     # others waiting in open_run_data's barrier.
     data_check.check_before_run(config)
@@ -156,6 +153,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       checkpoints.drop_best_after(meta['step'])
       logging.info('Resuming %s in %s from step %d (%d epochs done).', spec.name, workdir,
                    meta['step'], meta['epochs_done'])
+    # Only a run that is going ahead records its config: a refused resume leaves the workdir
+    # as it was.
+    if is_main:
+      workdir_lib.record_config(workdir, config.to_dict(), checkpoints.latest_step() or 0,
+                                changes)
     writer.truncate_after(meta['step'])
     meta['config'] = config.to_dict()
     logging.info('Parameters:\n%s', summary.format_table(state.params, depth=2))

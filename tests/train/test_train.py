@@ -146,6 +146,7 @@ def test_resume_refuses_changes_an_exact_resume_cannot_absorb(reference_run, con
   from prvr_jax import train  # pylint: disable=g-import-not-at-top
   from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
   config = load_config(config_path)
+  saved = (reference_run / 'config.json').read_text()
   config.data.dir = str(reference_run / 'synthetic' / 'tiny-seed0')
   config.train.batch_size = 10
   with pytest.raises(ValueError, match=r'train.batch_size: 8 -> 10.*Use a new --workdir'):
@@ -155,6 +156,8 @@ def test_resume_refuses_changes_an_exact_resume_cannot_absorb(reference_run, con
   with pytest.raises(ValueError, match=r'was trained on other data than config.data.dir gives '
                      r"now \(splits: \{'test': '[0-9a-f]+', 'train'"):
     train.train_and_evaluate(config, str(reference_run))
+  # A refused resume records nothing: the workdir still holds the config of its run.
+  assert (reference_run / 'config.json').read_text() == saved
 
 
 def test_evaluating_on_other_data_needs_cross_dataset(reference_run, config_path, xla_cache,
