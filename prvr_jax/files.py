@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -26,6 +27,17 @@ import numpy as np
 
 # Longest text of a value echoed in an error message (ids, lines, lists).
 MESSAGE_VALUE_CHARS = 80
+
+
+def sha256_file(path: str, progress: Callable[[int], Any] | None = None) -> str:
+  """The sha256 hex digest of a file's bytes, read in 4 MiB blocks; `progress(n)` after each."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 22), b''):
+      digest.update(block)
+      if progress is not None:
+        progress(len(block))
+  return digest.hexdigest()
 
 
 def short(value: Any, limit: int = MESSAGE_VALUE_CHARS, quote: bool = True) -> str:

@@ -195,15 +195,6 @@ def _derived(reason: str) -> bool:
       reason.startswith('its video ') and reason.endswith(' was skipped'))
 
 
-def _sha256_file(path: str, bar: tqdm.tqdm) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(_BLOCK_BYTES), b''):
-      digest.update(block)
-      bar.update(len(block))
-  return digest.hexdigest()
-
-
 class _Checker:
   """One check of `config.data`; `run` fills and returns a `Report`."""
 
@@ -453,7 +444,7 @@ class _Checker:
         elif path in self.readers:
           digest, of = self._stream_h5(self.readers[path], bar), 'hdf5 datasets'
         else:
-          digest, of = _sha256_file(path, bar), 'bytes'
+          digest, of = files.sha256_file(path, bar.update), 'bytes'
         bar.update(max(0, size - (bar.n - start)))
         rel_path = os.path.relpath(path, self.rel.layout.collection_dir)
         out[rel_path] = {'bytes': size, 'sha256': digest, 'of': of}

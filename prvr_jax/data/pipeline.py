@@ -198,7 +198,7 @@ def verify_checksums(shards: Sequence[Shard]) -> None:
     key = (shard.path, stat.st_size, stat.st_mtime_ns, shard.sha256)
     if key in _VERIFIED:
       continue
-    actual = prepare.sha256_file(shard.path)
+    actual = files.sha256_file(shard.path)
     if actual != shard.sha256:
       raise prepare.ShardError(
           f'shard {shard.path} is corrupted: its sha256 is {actual} but the manifest says '

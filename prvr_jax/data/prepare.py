@@ -245,14 +245,6 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
 # ----------------------------------------------------------------------------- command line
 
 
-def sha256_file(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 22), b''):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 # Input files up to this size are fingerprinted by their content, larger ones (the feature
 # arrays) by size and modification time: re-hashing tens of GB on every run would cost minutes.
 _HASHED_BYTES = 64 << 20
@@ -263,7 +255,7 @@ def _file_identity(path: str) -> dict[str, Any] | None:
     return None
   stat = os.stat(path)
   if stat.st_size <= _HASHED_BYTES:
-    return {'sha256': sha256_file(path)}
+    return {'sha256': files.sha256_file(path)}
   return {'bytes': stat.st_size, 'mtime_ns': stat.st_mtime_ns}
 
 
@@ -480,13 +472,13 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
                          'delete the folder and prepare again')
       shards = [{'file': os.path.relpath(path, out_dir), 'num_videos': len(shard_orders),
                  'num_captions': sum(shard_counts), 'bytes': os.path.getsize(path),
-                 'sha256': sha256_file(path)}
+                 'sha256': files.sha256_file(path)}
                 for path, (shard_orders, shard_counts) in zip(paths, written)]
       index_file = f'index-{name}.json'
       _write_index(os.path.join(out_dir, index_file), split, moments)
       manifest['splits'][name] = _split_summary(
           split, moments, shards, counts, index_file,
-          sha256_file(os.path.join(out_dir, index_file)), fingerprint)
+          files.sha256_file(os.path.join(out_dir, index_file)), fingerprint)
       manifest['visual_dim'] = split.visual_dim
       manifest['query_dim'] = split.query_dim
       files.write_json(manifest_path, manifest)

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from prvr_jax import files
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import release as release_lib
@@ -99,7 +100,7 @@ def test_manifest_and_spans(toy):
   assert sum(s['num_captions'] for s in train['shards']) == train['num_captions']
   assert train['max_captions_per_video'] == 3 and not train['has_spans']
   for s in train['shards'] + test['shards']:
-    assert prepare.sha256_file(os.path.join(out, s['file'])) == s['sha256']
+    assert files.sha256_file(os.path.join(out, s['file'])) == s['sha256']
   assert test['has_spans']
   index = pipeline.eval_index(pipeline.open_shards(out), 'test')
   assert index.has_spans
