@@ -36,6 +36,7 @@ from ml_collections import config_flags
 import prvr_jax
 from prvr_jax import config_lib
 from prvr_jax import files
+from prvr_jax import plots
 
 # The files of a train.py workdir read here (prvr_jax.train.loop.TEST_METRICS_FILE and
 # prvr_jax.train.logs.METRICS_FILE; importing prvr_jax.train would load the whole stack).
@@ -132,11 +133,9 @@ def read_seed_results(run_dir: str) -> dict[str, dict[str, float]]:
     raise FileNotFoundError(f'{jsonl} is missing: the val metrics of the run in {run_dir} '
                             'cannot be read.')
   val = None
-  with open(jsonl, encoding='utf-8') as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get('split') == 'val' and record.get('step') == test['step']:
-        val = record
+  for record in plots.read_metrics(jsonl):
+    if record['split'] == 'val' and record['step'] == test['step']:
+      val = record
   if val is None:
     raise ValueError(f'{jsonl} has no val record at step {test["step"]}, the step of the '
                      f'checkpoint {test_path} was computed with.')
