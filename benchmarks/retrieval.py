@@ -37,14 +37,10 @@ Prints a markdown table; writes every number, with the machine, to `--output` (J
 
 from collections.abc import Mapping, Sequence
 import dataclasses
-import datetime
 import importlib.util
 import json
-import math
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +50,6 @@ from absl import app
 from absl import flags
 from flax.traverse_util import unflatten_dict
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -63,6 +58,8 @@ from prvr_jax.eval.evaluator import score_keys
 from prvr_jax.index import Index, IndexWriter, Searcher
 from prvr_jax.index import store
 from prvr_jax.models.spec import ModelSpec
+
+from machine import machine, matmul_peak_gflops, memory_bandwidth  # benchmarks/machine.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The paper-size variant of each model's config file.
@@ -107,67 +104,6 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of parameters, videos, queries, pa
 
 
 # ------------------------------------------------------------------------------------ machine
-
-def machine() -> dict[str, Any]:
-  """Device, CPU model and core count, versions, date."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    for line in subprocess.run(['lscpu'], capture_output=True, text=True,
-                               check=True).stdout.splitlines():
-      if line.startswith('Model name:'):
-        cpu = line.split(':', 1)[1].strip()
-  except (OSError, subprocess.CalledProcessError):
-    pass
-  device = jax.devices()[0]
-  return {'platform': device.platform, 'device': device.device_kind,
-          'device_count': jax.device_count(), 'cpu': cpu, 'cpu_count': os.cpu_count(),
-          'jax': jax.__version__, 'python': platform.python_version(),
-          'load_average_at_start': os.getloadavg()[0],
-          'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
-
-
-def best_seconds(fn, repeats: int) -> float:
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
-def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> dict[str, float]:
-  """STREAM-like bandwidth in GB/s over `gib` GiB (far beyond the caches), best of `repeats`:
-  a read (sum) and a copy (read + write counted) with numpy on the host; on an accelerator a
-  jitted sum and copy on the device."""
-  size = int(gib * (1 << 30)) // 4
-  if jax.devices()[0].platform == 'cpu':
-    a = np.ones(size, np.float32)
-    b = np.empty_like(a)
-    read = best_seconds(a.sum, repeats)
-    copy = best_seconds(lambda: np.copyto(b, a), repeats)
-  else:
-    a = jnp.ones(size, jnp.float32)
-    total, double = jax.jit(jnp.sum), jax.jit(lambda x: x * 2)
-    jax.block_until_ready((total(a), double(a)))
-    read = best_seconds(lambda: total(a).block_until_ready(), repeats)
-    copy = best_seconds(lambda: double(a).block_until_ready(), repeats)
-  nbytes = 4 * size
-  return {'read_gbs': nbytes / read / 1e9, 'copy_gbs': 2 * nbytes / copy / 1e9,
-          'gbs': max(nbytes / read, 2 * nbytes / copy) / 1e9}
-
-
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
-  """float32 throughput of a jitted `size`^2 matmul, in GFLOP/s (best of 3 runs)."""
-  a = jnp.ones((size, size), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x)
-  matmul(a).block_until_ready()
-
-  def run():
-    for _ in range(repeats):
-      out = matmul(a)
-    out.block_until_ready()
-  return 2 * size**3 * repeats / best_seconds(run, 3) / 1e9
-
 
 def index_budget(folder: str) -> int:
   """The largest index, in bytes: `--memory_fraction` of the least of the available host

@@ -1,94 +1,269 @@
-r"""Times one jitted training step at TVR dims and reports achieved GFLOP/s.
+r"""Our jitted training step against the authors' official PyTorch step, side by side.
 
-  python benchmarks/train_step.py [--config=configs/gmmformer_v2.py:tvr] [--videos=16,32]
+  python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
+      [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--profile] \
+      [--set=train.matmul_precision=bfloat16] [--output=benchmarks/results/train_step.json]
 
-For each batch size (videos, 5 captions each, frames padded to 128, 30-token captions) it
-prints the median step time over `--steps` steps after `--warmup` steps, the step's FLOPs from
-XLA's cost analysis, the achieved GFLOP/s, and that as a fraction of a float32 matmul peak
-measured in the same run. Compare against the official PyTorch step on the same shapes by
-running it beside this script (see the numbers recorded in docs/benchmarks.md).
+For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
+size (videos, `--captions` captions each, T-MASS one; full-length videos, captions of 8..30
+tokens; the same batch on both sides) it runs, each in a fresh subprocess so that its peak RSS
+is its own:
+
+* ours: the jitted train step of `train.make_train_step` (forward, loss, backward, optimiser,
+  the state donated) at epoch 0: compile time, the median of `--steps` steps after `--warmup`,
+  FLOPs per step from XLA's cost analysis and the achieved GFLOP/s; with `--profile`, where
+  the step's time goes by operation kind and phase (`step_profile.py`);
+* the official step (with `--official`), from a checkout of the authors' code outside this
+  repo (`official_train_step.py`: `model.train()`, forward, loss, backward, optimiser step),
+  with `--official_python` (a Python with torch), on as many torch threads as XLA has cores;
+  MS-SL's in autograd anomaly mode as its released loop runs it (`--noofficial_anomaly`:
+  without).
+
+`--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
+per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
+T-MASS-text-video-retrieval). Prints the float32 and
+bfloat16 matmul peaks measured in the same run, a table per model (ms/step both sides, the
+speed-up, GFLOP/s and % of peak, peak RSS both sides) and writes every number to `--output`.
 """
 
+from collections.abc import Mapping, Sequence
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from ml_collections import config_flags
 
 from prvr_jax import models, parallel, train
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/gmmformer_v2.py:tvr',
-                                          'Model config file[:variant].')
-_VIDEOS = flags.DEFINE_list('videos', ['16', '32'], 'Batch sizes (videos) to time.')
+from machine import machine, matmul_peak_gflops  # benchmarks/machine.py
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = {'tmass': 'msrvtt_features'}  # the paper-size variant; 'tvr' for the others
+# T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
+CAPTIONS = {'tmass': 1}
+RESULT = 'RESULT '  # prefix of a worker's JSON line on stdout
+
+_MODELS = flags.DEFINE_list('models', ['gmmformer_v2'], 'Models (configs/<name>.py) to time.')
+_VIDEOS = flags.DEFINE_list('videos', ['16', '32', '64', '128'], 'Batch sizes (videos).')
 _CAPTIONS = flags.DEFINE_integer('captions', 5, 'Captions per video.')
-_STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per batch size.')
-_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+_STEPS = flags.DEFINE_integer('steps', 3, 'Timed steps per measurement (median).')
+_WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed steps after compilation.')
+_OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
+                                'of checkouts named as the repos; without it ours runs alone.')
+_OFFICIAL_PYTHON = flags.DEFINE_string('official_python', sys.executable, 'Python (with torch) '
+                                       'that runs the official step.')
+_ANOMALY = flags.DEFINE_bool('official_anomaly', True, 'Run MS-SL\'s official step in autograd '
+                              'anomaly mode, as its released training loop does.')
+_PROFILE = flags.DEFINE_bool('profile', False, 'Also break our step time down by op kind.')
+_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value (e.g. '
+                                 'train.matmul_precision=bfloat16), applied to ours; repeatable.')
+_OUTPUT = flags.DEFINE_string('output', None, 'JSON of every number.')
+_WORKER = flags.DEFINE_enum('worker', None, ['ours', 'official'], 'Internal: run one side.')
+_MODEL = flags.DEFINE_string('model', None, 'Internal: the worker\'s model.')
+_BATCH = flags.DEFINE_integer('batch', None, 'Internal: the worker\'s batch size.')
 
 
-def random_batch(config_model, num_videos: int, captions: int, seed: int = 0):
-  """Full-length videos, captions of 8..max_query_len tokens."""
+def load_config(name: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """configs/<name>.py at its paper-size variant with `key=value` overrides (typed like the
+  key)."""
+  path = os.path.join(ROOT, 'configs', f'{name}.py')
+  if not os.path.exists(path):
+    raise ValueError(f'--models: no config {path} for model {name!r}.')
+  spec = importlib.util.spec_from_file_location(f'config_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(VARIANTS.get(name, 'tvr'))
+  for item in overrides:
+    key, sep, text = item.partition('=')
+    if not sep:
+      raise ValueError(f'--set={item!r}: expected key=value.')
+    parent, _, leaf = key.rpartition('.')
+    node = config
+    for part in filter(None, parent.split('.')):
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f'--set={item!r}: the config has no key {key!r}.')
+    old = node[leaf]
+    node[leaf] = type(old)(text) if isinstance(old, (int, float, str)) else json.loads(text)
+  return config
+
+
+def benchmark_batch(name: str, config_model: Any, num_videos: int, seed: int = 0
+                    ) -> dict[str, np.ndarray]:
+  """Full-length videos, `--captions` captions each (T-MASS: 1) of 8..max_query_len tokens,
+  the same on both sides."""
+  captions = CAPTIONS.get(name, _CAPTIONS.value)
   rng = np.random.default_rng(seed)
   query_lengths = rng.integers(8, config_model.max_query_len + 1, size=num_videos * captions)
   return models.random_batch(config_model, rng, (config_model.max_frames,) * num_videos,
                              tuple(query_lengths), captions)
 
 
-def build(config, mesh):
-  """(fresh train state, jitted train step) of `config` on `mesh`."""
+def peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(run, warmup: int, steps: int) -> list[float]:
+  """Seconds of `steps` calls of `run` (each blocking) after `warmup` calls."""
+  for _ in range(warmup):
+    run()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - start)
+  return times
+
+
+# ------------------------------------------------------------------------------------ workers
+
+def run_ours(name: str, num_videos: int) -> dict[str, Any]:
+  config = load_config(name, _SET.value)
+  mesh = parallel.make_mesh()
   tx, schedule = train.make_optimizer(config, total_steps=1000)
   state = train.create_train_state(config, tx, mesh)
   step = train.make_train_step(config, models.get_spec(config.model), tx, schedule, mesh)
-  return state, step
-
-
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
-  """float32 matmul throughput of this machine, in GFLOP/s."""
-  a = jnp.ones((size, size), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x)
-  matmul(a).block_until_ready()
+  batch = parallel.global_batch(benchmark_batch(name, config.model, num_videos), mesh)
+  epoch = np.int32(0)
   start = time.perf_counter()
-  for _ in range(repeats):
-    out = matmul(a)
-  out.block_until_ready()
-  return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
-
-
-def time_step(config, num_videos: int) -> dict[str, float]:
-  mesh = parallel.make_mesh()
-  state, step = build(config, mesh)
-  batch = parallel.global_batch(random_batch(config.model, num_videos, _CAPTIONS.value), mesh)
-  epoch = np.int32(0)  # before the hard-negative epoch
   compiled = step.lower(state, batch, epoch).compile()
+  compile_s = time.perf_counter() - start
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops = float(cost.get('flops', 0.0))
-  for _ in range(_WARMUP.value):
-    state, metrics = step(state, batch, epoch)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(_STEPS.value):
-    start = time.perf_counter()
-    state, metrics = step(state, batch, epoch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  seconds = float(np.median(times))
-  return {'seconds': seconds, 'gflop': flops / 1e9, 'gflops': flops / seconds / 1e9}
+  holder = {'state': state}
+
+  def run():
+    holder['state'], metrics = compiled(holder['state'], batch, epoch)
+    return jax.block_until_ready(metrics)
+
+  times = timed(run, _WARMUP.value, _STEPS.value)
+  result = {'step_s': times, 'compile_s': compile_s, 'gflop': float(cost['flops']) / 1e9,
+            'loss': float(run()['loss']), 'params': models.count_params(holder['state'].params),
+            'matmul_precision': config.train.matmul_precision}
+  if _PROFILE.value:
+    import step_profile  # pylint: disable=import-outside-toplevel
+    result['profile'] = step_profile.breakdown(compiled, run)
+  result['peak_rss_mb'] = peak_rss_mb()
+  return result
+
+
+def official_checkout(path: str, name: str) -> str:
+  """The checkout of `name`'s official repo: PATH itself or PATH/<repo name>."""
+  import official_train_step  # pylint: disable=import-outside-toplevel
+  repo = official_train_step.OFFICIAL_REPOS[name].split('/')[-1]
+  inside = os.path.join(path, repo)
+  return inside if os.path.isdir(inside) else path
+
+
+def run_official(name: str, num_videos: int) -> dict[str, Any]:
+  import official_train_step  # pylint: disable=import-outside-toplevel
+  config = load_config(name)
+  batch = benchmark_batch(name, config.model, num_videos)
+  step, info = official_train_step.make_step(
+      name, official_checkout(_OFFICIAL.value, name), config, batch, epoch=0,
+      threads=os.cpu_count(), detect_anomaly=_ANOMALY.value)
+  times = timed(step, _WARMUP.value, _STEPS.value)
+  return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb()}
+
+
+# --------------------------------------------------------------------------------- the driver
+
+def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
+  """Runs one worker in a fresh process; its result, or {'error': ...}."""
+  python = _OFFICIAL_PYTHON.value if side == 'official' else sys.executable
+  command = [python, os.path.abspath(__file__), f'--worker={side}', f'--model={name}',
+             f'--batch={num_videos}', f'--captions={_CAPTIONS.value}',
+             f'--steps={_STEPS.value}', f'--warmup={_WARMUP.value}']
+  command += [f'--set={item}' for item in _SET.value]
+  if _PROFILE.value:
+    command.append('--profile')
+  if not _ANOMALY.value:
+    command.append('--noofficial_anomaly')
+  if _OFFICIAL.value:
+    command.append(f'--official={_OFFICIAL.value}')
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
+      filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
+  done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+  for line in done.stdout.splitlines():
+    if line.startswith(RESULT):
+      return json.loads(line[len(RESULT):])
+  return {'error': f'{side} worker exited {done.returncode}: {done.stderr.strip()[-2000:]}'}
+
+
+def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, Any] | None,
+        peaks: Mapping[str, float]) -> str:
+  if 'error' in ours:
+    return f'| {name} | {videos} | ours failed: {ours["error"][-300:]} |'
+  ms = 1e3 * float(np.median(ours['step_s']))
+  gflops = ours['gflop'] / (ms / 1e3)
+  peak = peaks['bfloat16' if ours['matmul_precision'] == 'bfloat16' else 'float32']
+  cells = [name, str(videos)]
+  if official is None:
+    cells += ['-', f'{ms:.0f}', '-']
+  elif 'error' in official:
+    cells += [f'failed: {official["error"][-200:]}', f'{ms:.0f}', '-']
+  else:
+    official_ms = 1e3 * float(np.median(official['step_s']))
+    cells += [f'{official_ms:.0f}', f'{ms:.0f}', f'{official_ms / ms:.2f}x']
+  cells += [f'{ours["gflop"]:.0f}', f'{gflops:.0f} ({100 * gflops / peak:.0f}%)',
+            '-' if not official or 'error' in official else f'{official["peak_rss_mb"]:.0f}',
+            f'{ours["peak_rss_mb"]:.0f}', f'{ours["compile_s"]:.0f}']
+  return '| ' + ' | '.join(cells) + ' |'
+
+
+HEADER = ('| model | videos | official ms/step | ours ms/step | speed-up | GFLOP/step | '
+          'GFLOP/s (% of peak) | official peak RSS MB | ours peak RSS MB | ours compile s |\n'
+          '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
 
 
 def main(argv):
   del argv
-  config = _CONFIG.value
-  peak = matmul_peak_gflops()
-  print(f'device: {jax.devices()[0].device_kind} x{jax.device_count()}; '
-        f'float32 matmul peak {peak:.1f} GFLOP/s')
-  for videos in map(int, _VIDEOS.value):
-    result = time_step(config, videos)
-    print(f'{config.model.name} batch {videos} videos x {_CAPTIONS.value} captions: '
-          f'{1000 * result["seconds"]:.0f} ms/step, {result["gflop"]:.1f} GFLOP/step, '
-          f'{result["gflops"]:.1f} GFLOP/s ({100 * result["gflops"] / peak:.0f}% of matmul peak)')
+  if _WORKER.value:
+    result = (run_ours if _WORKER.value == 'ours' else run_official)(_MODEL.value, _BATCH.value)
+    print(RESULT + json.dumps(result), flush=True)
+    return
+  info = machine()
+  size = 2048 if info['platform'] == 'cpu' else 8192
+  peaks = {'float32': matmul_peak_gflops(size), 'bfloat16': matmul_peak_gflops(size,
+                                                                            dtype=jnp.bfloat16)}
+  print(f'{info["cpu"]} ({", ".join(info["cpu_flags"])}), {info["cpu_count"]} cores, '
+        f'{info["device"]}; matmul peak float32 {peaks["float32"]:.0f} GFLOP/s, bfloat16 '
+        f'{peaks["bfloat16"]:.0f} GFLOP/s; load {info["load_average_at_start"]:.1f}', flush=True)
+  report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peaks,
+                            'settings': {'captions': _CAPTIONS.value, 'steps': _STEPS.value,
+                                         'official_anomaly': _ANOMALY.value,
+                                         'warmup': _WARMUP.value, 'set': _SET.value,
+                                         'official': _OFFICIAL.value}, 'runs': []}
+  rows = []
+  for name in _MODELS.value:
+    load_config(name)  # a bad --models name fails before any run
+    for videos in map(int, _VIDEOS.value):
+      official = spawn('official', name, videos) if _OFFICIAL.value else None
+      ours = spawn('ours', name, videos)
+      report['runs'].append({'model': name, 'videos': videos, 'ours': ours,
+                             'official': official})
+      rows.append(row(name, videos, ours, official, peaks))
+      print(rows[-1], flush=True)
+      if _PROFILE.value and 'profile' in ours:
+        import step_profile  # pylint: disable=import-outside-toplevel
+        print(step_profile.format_breakdown(ours['profile']), flush=True)
+  report['machine']['load_average_at_end'] = os.getloadavg()[0]
+  print(HEADER + '\n' + '\n'.join(rows))
+  if _OUTPUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+    with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
+      json.dump(report, f, indent=1)
+    print(f'wrote {_OUTPUT.value}')
 
 
 if __name__ == '__main__':

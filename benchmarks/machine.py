@@ -1,0 +1,83 @@
+"""What every benchmark reports about the machine it ran on, and its measured peaks."""
+
+import datetime
+import math
+import os
+import platform
+import subprocess
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# CPU flags that decide the float32 / bfloat16 matmul peak of an x86 CPU.
+MATMUL_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
+
+
+def machine() -> dict[str, Any]:
+  """Device, CPU model, its matmul-relevant flags and core count, versions, date, load."""
+  cpu = platform.processor() or platform.machine()
+  flags: list[str] = []
+  try:
+    for line in subprocess.run(['lscpu'], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+      if line.startswith('Model name:'):
+        cpu = line.split(':', 1)[1].strip()
+      elif line.startswith('Flags:'):
+        present = set(line.split(':', 1)[1].split())
+        flags = [f for f in MATMUL_FLAGS if f in present]
+  except (OSError, subprocess.CalledProcessError):
+    pass
+  device = jax.devices()[0]
+  return {'platform': device.platform, 'device': device.device_kind,
+          'device_count': jax.device_count(), 'cpu': cpu, 'cpu_flags': flags,
+          'cpu_count': os.cpu_count(), 'jax': jax.__version__,
+          'python': platform.python_version(), 'load_average_at_start': os.getloadavg()[0],
+          'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
+
+
+def best_seconds(fn, repeats: int) -> float:
+  """The fastest of `repeats` calls of `fn`, in seconds."""
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: Any = jnp.float32) -> float:
+  """Throughput of a jitted `size`^2 matmul in `dtype` (float32 accumulation), GFLOP/s, best of
+  3 runs of `repeats` calls."""
+  a = jnp.ones((size, size), dtype)
+  matmul = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
+  matmul(a).block_until_ready()
+
+  def run():
+    for _ in range(repeats):
+      out = matmul(a)
+    out.block_until_ready()
+  return 2 * size**3 * repeats / best_seconds(run, 3) / 1e9
+
+
+def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> dict[str, float]:
+  """STREAM-like bandwidth in GB/s over `gib` GiB (far beyond the caches), best of `repeats`:
+  a read (sum) and a copy (read + write counted) with numpy on the host; on an accelerator a
+  jitted sum and copy on the device."""
+  size = int(gib * (1 << 30)) // 4
+  if jax.devices()[0].platform == 'cpu':
+    a = np.ones(size, np.float32)
+    b = np.empty_like(a)
+    read = best_seconds(a.sum, repeats)
+    copy = best_seconds(lambda: np.copyto(b, a), repeats)
+  else:
+    a = jnp.ones(size, jnp.float32)
+    total, double = jax.jit(jnp.sum), jax.jit(lambda x: x * 2)
+    jax.block_until_ready((total(a), double(a)))
+    read = best_seconds(lambda: total(a).block_until_ready(), repeats)
+    copy = best_seconds(lambda: double(a).block_until_ready(), repeats)
+  nbytes = 4 * size
+  return {'read_gbs': nbytes / read / 1e9, 'copy_gbs': 2 * nbytes / copy / 1e9,
+          'gbs': max(nbytes / read, 2 * nbytes / copy) / 1e9}
