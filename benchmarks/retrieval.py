@@ -75,9 +75,9 @@ _SIZES = flags.DEFINE_list('sizes', None, 'Gallery sizes (default: the papers\' 
                            '100k; with --large also 1M).')
 _LARGE = flags.DEFINE_bool('large', False, 'Add a 1,000,000-video gallery to the default sizes.')
 _QUERIES = flags.DEFINE_integer('queries', 256, 'Queries per search call (one batch).')
-_SEARCH_GFLOP = flags.DEFINE_float('search_gflop', 400.0, 'Matching work (GFLOP) of one search '
+_SEARCH_GFLOP = flags.DEFINE_float('search_gflop', 200.0, 'Matching work (GFLOP) of one search '
                                    'call above which its queries are halved.')
-_MIN_QUERIES = flags.DEFINE_integer('min_queries', 8, 'The fewest queries of a search call.')
+_MIN_QUERIES = flags.DEFINE_integer('min_queries', 4, 'The fewest queries of a search call.')
 _LONG_SEARCH = flags.DEFINE_float('long_search_s', 1.0, 'A warm-up search longer than this '
                                   'is followed by one timed call instead of --repeats.')
 _K = flags.DEFINE_integer('k', 100, 'Top-k of every query.')
@@ -93,7 +93,7 @@ _OFFICIAL_QUERIES = flags.DEFINE_integer('official_queries', 50, 'Queries of the
                                          '(the first of ours; 50 is its query batch).')
 _OFFICIAL_MAX = flags.DEFINE_integer('official_max_videos', 10_000, 'Largest gallery the '
                                      'official path runs on (0: never).')
-_OFFICIAL_BOX = flags.DEFINE_float('official_time_box', 30.0, 'Skip the official path where '
+_OFFICIAL_BOX = flags.DEFINE_float('official_time_box', 10.0, 'Skip the official path where '
                                    'one run is predicted (from the previous size) to take '
                                    'longer, in seconds.')
 _INDEX_DIR = flags.DEFINE_string('index_dir', None, 'Where indexes are written (and deleted '
@@ -197,7 +197,7 @@ def write_index(folder: str, config_model: Any, params: Any, base: Mapping[str, 
   leaves = {name: {'exact': store.exact_leaf(name, np.dtype(s.dtype))}
             for name, s in spec.stored_per_video(config_model).items()}
   writer = IndexWriter(folder, config_model, params, dtype=dtype, overwrite=True,
-                       shard_videos=4 * chunk_videos)
+                       shard_videos=4 * chunk_videos, durable=False)  # deleted after use
   for rows, first in gallery_blocks(base, leaves, size, _PERTURBATION.value, _SEED.value):
     count = len(next(iter(rows.values())))
     writer.add(unflatten_dict(rows, sep='/'), [f'v{r:07d}' for r in range(first, first + count)])

@@ -72,16 +72,17 @@ def npy_writer(array: np.ndarray) -> Writer:
   return lambda f: np.save(f, array, allow_pickle=False)
 
 
-def _write_temporary(path: str, write: Writer) -> str:
+def _write_temporary(path: str, write: Writer, sync: bool = True) -> str:
   """A new file beside `path` (created exclusively) holding what `write(f)` wrote, flushed to
-  disk; returns its name. Nothing is left behind on failure."""
+  disk unless not `sync`; returns its name. Nothing is left behind on failure."""
   folder, name = os.path.split(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=folder)
   try:
     with os.fdopen(fd, 'wb') as f:
       write(f)
       f.flush()
-      os.fsync(f.fileno())
+      if sync:
+        os.fsync(f.fileno())
   except BaseException:
     os.unlink(tmp)
     raise
@@ -99,7 +100,7 @@ def write_json(path: str, obj: Any) -> None:
   write_atomic(path, json_writer(obj))
 
 
-def publish(folder: str, outputs: Mapping[str, Writer], marker: str) -> None:
+def publish(folder: str, outputs: Mapping[str, Writer], marker: str, sync: bool = True) -> None:
   """Writes the files `outputs` (name -> writer) of `folder` so that they appear together or
   not at all.
 
@@ -107,6 +108,7 @@ def publish(folder: str, outputs: Mapping[str, Writer], marker: str) -> None:
   the file readers treat as "the result is complete") is removed, the others are renamed
   into place, and `marker` last. An interruption leaves either the old complete set, or a
   set without `marker`, or the new complete set. A single output simply replaces its file.
+  `sync=False` skips the fsync of each file (scratch outputs: faster, not crash-durable).
   """
   if marker not in outputs:
     raise ValueError(f'marker {marker!r} is not one of the outputs {sorted(outputs)}')
@@ -114,7 +116,7 @@ def publish(folder: str, outputs: Mapping[str, Writer], marker: str) -> None:
   temporary = {}
   try:
     for name, write in outputs.items():
-      temporary[name] = _write_temporary(os.path.join(folder, name), write)
+      temporary[name] = _write_temporary(os.path.join(folder, name), write, sync)
     if len(outputs) > 1:
       with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(folder, marker))

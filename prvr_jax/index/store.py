@@ -131,12 +131,14 @@ class IndexWriter:
     writer.close()                        # flushes the last shard, writes index.json
 
   The folder must not exist or be empty (`overwrite=True` replaces an existing index).
-  Rows are kept in the order added; ids must be unique.
+  Rows are kept in the order added; ids must be unique. `durable=False` skips the fsync of
+  the shard files (a scratch index, e.g. a benchmark's: several times faster to write on a
+  disk, but a crash can leave the shards written last incomplete).
   """
 
   def __init__(self, out_dir: str, config_model: ml_collections.ConfigDict, params: Any,
                dtype: str = 'float32', shard_videos: int = 100_000, overwrite: bool = False,
-               info: Mapping[str, Any] | None = None):
+               info: Mapping[str, Any] | None = None, durable: bool = True):
     if dtype not in STORAGE_DTYPES:
       raise ValueError(f'Index storage dtype {dtype!r}; expected one of {STORAGE_DTYPES}.')
     if shard_videos < 1:
@@ -155,6 +157,7 @@ class IndexWriter:
     self.config_model = config_model
     self.dtype = dtype
     self.shard_videos = shard_videos
+    self.durable = durable
     self.info = dict(info or {})
     self.spec = registry.get_spec(config_model)
     self.leaves = {name: (tuple(s.shape), np.dtype(s.dtype))
@@ -215,7 +218,7 @@ class IndexWriter:
       outputs[leaf_file(leaf)] = files.npy_writer(parts['values'])
       if 'scale' in parts:
         outputs[scale_file(leaf)] = files.npy_writer(parts['scale'])
-    files.publish(folder, outputs, marker=IDS_FILE)
+    files.publish(folder, outputs, marker=IDS_FILE, sync=self.durable)
     entry['files'] = {f: _file_entry(folder, f) for f in sorted(outputs)}
     self.shards.append(entry)
     self.pending, self.pending_rows = [], 0

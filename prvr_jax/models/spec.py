@@ -23,6 +23,7 @@ moment).
 
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
+import json
 import math
 import re
 from typing import Any
@@ -88,6 +89,16 @@ def match_paths(tree: Any, patterns: Sequence[str]) -> Any:
   compiled = [re.compile(p) for p in patterns]
   return jax.tree_util.tree_map_with_path(
       lambda path, _: any(p.search(path_of(path)) for p in compiled), tree)
+
+
+_STORED_PER_VIDEO: dict[tuple[str, str], dict[str, jax.ShapeDtypeStruct]] = {}
+
+
+def _config_key(config_model: Any) -> str:
+  """A canonical text of a model config (a ConfigDict or a mapping), for caching."""
+  if hasattr(config_model, 'to_dict'):
+    config_model = config_model.to_dict()
+  return json.dumps(config_model, sort_keys=True, default=repr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +188,15 @@ class ModelSpec:
     return jax.eval_shape(lambda rng: self.init_params(config_model, rng), jax.random.key(0))
 
   def stored_per_video(self, config_model: Any) -> dict[str, jax.ShapeDtypeStruct]:
-    """What `encode_videos` keeps per video: 'a/b' path -> shape and dtype of one video's part."""
+    """What `encode_videos` keeps per video: 'a/b' path -> shape and dtype of one video's part.
+
+    Traced once per (model, config) in a process: every index write, open and search asks."""
+    key = (self.name, _config_key(config_model))
+    if key not in _STORED_PER_VIDEO:
+      _STORED_PER_VIDEO[key] = self._trace_stored_per_video(config_model)
+    return dict(_STORED_PER_VIDEO[key])
+
+  def _trace_stored_per_video(self, config_model: Any) -> dict[str, jax.ShapeDtypeStruct]:
     module = self.build(config_model)
     batch = self.example_batch(config_model, num_videos=1)
     videos = {k: batch[k] for k in self.inputs(config_model)[0]}
