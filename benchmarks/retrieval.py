@@ -37,7 +37,6 @@ Prints a markdown table; writes every number, with the machine, to `--output` (J
 
 from collections.abc import Mapping, Sequence
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -59,12 +58,9 @@ from prvr_jax.index import Index, IndexWriter, Searcher
 from prvr_jax.index import store
 from prvr_jax.models.spec import ModelSpec
 
-from machine import machine, matmul_peak_gflops, memory_bandwidth  # benchmarks/machine.py
+from common import (DEFAULT_VARIANT, ROOT, VARIANTS, load_config, machine,  # benchmarks/common.py
+                    matmul_peak_gflops, memory_bandwidth)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The paper-size variant of each model's config file.
-VARIANTS = {'tmass': 'msrvtt_features'}
-DEFAULT_VARIANT = 'tvr'
 DEFAULT_SIZES = (500, 1000, 1500, 2000, 2500, 4000, 10_000, 100_000)
 LARGE_SIZE = 1_000_000
 FLOPS_VIDEOS = 1000  # gallery size at which XLA counts the matching FLOPs
@@ -124,15 +120,6 @@ def index_budget(folder: str) -> int:
 
 
 # -------------------------------------------------------------------------------------- model
-
-def load_config(name: str) -> ml_collections.ConfigDict:
-  """configs/<name>.py at its paper-size variant."""
-  path = os.path.join(ROOT, 'configs', f'{name}.py')
-  spec = importlib.util.spec_from_file_location(f'config_{name}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(VARIANTS.get(name, DEFAULT_VARIANT))
-
 
 def random_queries(config_model: Any, query_keys: Sequence[str], count: int,
                    rng: np.random.Generator) -> dict[str, np.ndarray]:

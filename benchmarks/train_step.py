@@ -26,8 +26,7 @@ bfloat16 matmul peaks measured in the same run, a table per model (ms/step both 
 speed-up, GFLOP/s and % of peak, peak RSS both sides) and writes every number to `--output`.
 """
 
-from collections.abc import Mapping, Sequence
-import importlib.util
+from collections.abc import Mapping
 import json
 import os
 import resource
@@ -40,15 +39,12 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from prvr_jax import models, parallel, train
 
-from machine import machine, matmul_peak_gflops  # benchmarks/machine.py
+from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = {'tmass': 'msrvtt_features'}  # the paper-size variant; 'tvr' for the others
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
 CAPTIONS = {'tmass': 1}
 RESULT = 'RESULT '  # prefix of a worker's JSON line on stdout
@@ -71,31 +67,6 @@ _OUTPUT = flags.DEFINE_string('output', None, 'JSON of every number.')
 _WORKER = flags.DEFINE_enum('worker', None, ['ours', 'official'], 'Internal: run one side.')
 _MODEL = flags.DEFINE_string('model', None, 'Internal: the worker\'s model.')
 _BATCH = flags.DEFINE_integer('batch', None, 'Internal: the worker\'s batch size.')
-
-
-def load_config(name: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """configs/<name>.py at its paper-size variant with `key=value` overrides (typed like the
-  key)."""
-  path = os.path.join(ROOT, 'configs', f'{name}.py')
-  if not os.path.exists(path):
-    raise ValueError(f'--models: no config {path} for model {name!r}.')
-  spec = importlib.util.spec_from_file_location(f'config_{name}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(VARIANTS.get(name, 'tvr'))
-  for item in overrides:
-    key, sep, text = item.partition('=')
-    if not sep:
-      raise ValueError(f'--set={item!r}: expected key=value.')
-    parent, _, leaf = key.rpartition('.')
-    node = config
-    for part in filter(None, parent.split('.')):
-      node = node[part]
-    if leaf not in node:
-      raise ValueError(f'--set={item!r}: the config has no key {key!r}.')
-    old = node[leaf]
-    node[leaf] = type(old)(text) if isinstance(old, (int, float, str)) else json.loads(text)
-  return config
 
 
 def benchmark_batch(name: str, config_model: Any, num_videos: int, seed: int = 0

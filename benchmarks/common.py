@@ -1,6 +1,10 @@
-"""What every benchmark reports about the machine it ran on, and its measured peaks."""
+"""What the benchmarks share: the machine they ran on, its measured peaks, and the models'
+paper-size configs."""
 
+from collections.abc import Sequence
 import datetime
+import importlib.util
+import json
 import math
 import os
 import platform
@@ -10,8 +14,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The paper-size variant of each model's config file ('tvr' for the others).
+VARIANTS = {'tmass': 'msrvtt_features'}
+DEFAULT_VARIANT = 'tvr'
 # CPU flags that decide the float32 / bfloat16 matmul peak of an x86 CPU.
 MATMUL_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
 
@@ -81,3 +90,28 @@ def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> dict[str, float]:
   nbytes = 4 * size
   return {'read_gbs': nbytes / read / 1e9, 'copy_gbs': 2 * nbytes / copy / 1e9,
           'gbs': max(nbytes / read, 2 * nbytes / copy) / 1e9}
+
+
+def load_config(name: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """configs/<name>.py at its paper-size variant, with `key=value` overrides (each value typed
+  like the key's current value; JSON for the others)."""
+  path = os.path.join(ROOT, 'configs', f'{name}.py')
+  if not os.path.exists(path):
+    raise ValueError(f'--models: no config {path} for model {name!r}.')
+  spec = importlib.util.spec_from_file_location(f'config_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(VARIANTS.get(name, DEFAULT_VARIANT))
+  for item in overrides:
+    key, sep, text = item.partition('=')
+    if not sep:
+      raise ValueError(f'--set={item!r}: expected key=value.')
+    parent, _, leaf = key.rpartition('.')
+    node = config
+    for part in filter(None, parent.split('.')):
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f'--set={item!r}: the config has no key {key!r}.')
+    old = node[leaf]
+    node[leaf] = type(old)(text) if isinstance(old, (int, float, str)) else json.loads(text)
+  return config
