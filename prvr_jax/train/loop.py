@@ -199,16 +199,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       writer.close()
 
 
-def _save_latest(checkpoints: checkpoint.Checkpoints, state: TrainState,
-                 meta: dict[str, Any]) -> None:
-  """Saves the latest checkpoint; on a CPU backend also waits for its background write, which
-  would otherwise compete with the next steps for the same cores (measured: the next epoch's
-  first step 1.15x its median and the epoch's steps 10% slower; docs/benchmarks.md)."""
-  checkpoints.save_latest(state, meta)
-  if jax.default_backend() == 'cpu':
-    checkpoints.wait()
-
-
 def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
                   tx: optax.GradientTransformation, schedule: optax.Schedule,
                   state: TrainState, meta: dict[str, Any], epoch_steps: int,
@@ -238,7 +228,7 @@ def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
       if step == stop_after or (every and step % every == 0 and step != epoch_end):
         log.add(*pending)
         pending = None
-        _save_latest(checkpoints, state, {**meta, 'step': step})
+        checkpoints.save_latest(state, {**meta, 'step': step})
         if step == stop_after:
           log.close()
           logging.warning('Stopped after step %d (config.train.stop_after_steps).', step)
@@ -263,7 +253,7 @@ def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
                  '%.1f%s | best SumR %.1f (epoch %d)', epoch, log.mean_loss(), val['r1'],
                  val['r5'], val['r10'], val['r100'], val['sumr'], ' (new best)' if improved else '',
                  meta['best_sumr'], meta['best_epoch'])
-    _save_latest(checkpoints, state, meta)
+    checkpoints.save_latest(state, meta)
     if early_stop:
       logging.info('Early stop: val SumR did not improve for %d epochs.', meta['es_count'])
       break
