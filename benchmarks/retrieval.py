@@ -10,8 +10,9 @@ path too; without torch that part is skipped. For every model at its paper-size 
 
 * ours: ms per query of `Searcher.search` (exact top-k, the model's `score`) over an index
   written by `IndexWriter`, the queries in one batch: `--queries`, halved while a call's
-  matching work exceeds `--search_gflop`; the median of `--repeats` calls after one warm-up
-  call (compilation excluded; one call where the warm-up took over `--long_search_s`); the
+  matching work exceeds `--search_gflop`; the median of `--repeats` calls (one call where the
+  first took over `--long_search_s`) after a warm-up search of a one-chunk prefix of the
+  gallery with the same shapes (compilation) and the gallery's transfer to the devices; the
   query encoding inside it is timed on its own;
 * the official ranking path (`official_ranking.py`: the authors' scoring structure in torch,
   then a full argsort per query) on the same gallery and the first `--official_queries` of
@@ -29,7 +30,9 @@ Galleries: `--base_videos` random videos of the config's shapes are encoded once
 model's `encode_videos` (timed: encode time per video); row r of a gallery is base row
 r mod N times (1 + eps z), z a standard-normal pattern drawn per block r // N (block 0 is the
 base itself), eps = `--perturbation`; masks are copied and T-MASS's noise key is the row
-number. So every row is distinct and a gallery of any size costs one multiply per value.
+number. So every row is distinct, a gallery of any size costs one multiply per value, and a
+smaller gallery is a prefix of a larger one: one index is written per model and storage dtype,
+at the largest size stored in that dtype, and the smaller sizes search its prefixes.
 An index is float32 when it fits in `--memory_fraction` of the available memory (and free
 disk), else int8 when that fits, else the point is skipped with the bytes it would need.
 Prints a markdown table; writes every number, with the machine, to `--output` (JSON).
@@ -37,6 +40,7 @@ Prints a markdown table; writes every number, with the machine, to `--output` (J
 
 from collections.abc import Mapping, Sequence
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -260,16 +264,23 @@ def agreement(ours_rows: np.ndarray, ours_scores: np.ndarray, official_rows: np.
 
 def time_ours(index: Index, queries: Mapping[str, np.ndarray], k: int, chunk_videos: int,
               max_resident_bytes: int) -> tuple[list[float], list[float], Any, Searcher]:
-  """(seconds of the timed `Searcher.search` calls after a warm-up call, seconds of its query
-  encoding alone (`encode_queries`), the last result, the searcher): `--repeats` calls each,
-  one where the warm-up took over `--long_search_s`."""
+  """(seconds of the timed `Searcher.search` calls, seconds of their query encoding alone
+  (`encode_queries`), the last result, the searcher): `--repeats` calls, one where the first
+  took over `--long_search_s`.
+
+  Warm-up (compilation, first-touch allocations) is one search of a prefix of the gallery with
+  the same chunk and query shapes (the whole gallery where it is a single chunk), then the
+  gallery is put on the devices (`Searcher.load`)."""
   searcher = Searcher(index, query_batch_size=len(next(iter(queries.values()))),
                       chunk_videos=chunk_videos, max_resident_bytes=max_resident_bytes)
-  start = time.perf_counter()
-  result = searcher.search(queries, k=k)
-  repeats = 1 if time.perf_counter() - start > _LONG_SEARCH.value else _REPEATS.value
+  warm_up = searcher if len(index) <= searcher.chunk_rows else Searcher(
+      index.prefix(searcher.chunk_rows), query_batch_size=searcher.query_batch_size,
+      chunk_videos=chunk_videos, max_resident_bytes=max_resident_bytes)
+  warm_up.search(queries, k=min(k, len(warm_up.index)))
+  del warm_up
+  searcher.load()
   search, encode = [], []
-  for _ in range(repeats):
+  while len(search) < (1 if search and search[0] > _LONG_SEARCH.value else _REPEATS.value):
     start = time.perf_counter()
     result = searcher.search(queries, k=k)
     search.append(time.perf_counter() - start)
@@ -376,28 +387,21 @@ class Model:
     return max(1, (_CHUNK_MB.value << 20) // self.bytes_per_video)
 
 
-def measure_point(model: Model, size: int, official: Any, floor: Mapping[str, float],
-                  index_dir: str, budget: int, history: dict[str, Any]) -> dict[str, Any]:
-  """Every number of one model at one gallery size. `history['official']`: the official
-  path's seconds per (video, query) at the last size it ran, to predict this one."""
-  cfg = model.config.model
-  dtype, needed = choose_dtype(model.spec, cfg, size, budget)
+def new_point(model: Model, size: int, needed: Mapping[str, int]) -> dict[str, Any]:
   flops = model.flops_per_query_video * size
-  count = query_count(flops)
-  point: dict[str, Any] = {'videos': size, 'queries': count, 'flops_per_query': flops,
-                           'index_bytes_needed': needed}
+  return {'videos': size, 'queries': query_count(flops), 'flops_per_query': flops,
+          'index_bytes_needed': dict(needed)}
+
+
+def measure_point(model: Model, point: dict[str, Any], index: Index, official: Any,
+                  floor: Mapping[str, float], budget: int, history: dict[str, Any]) -> None:
+  """Every number of one model at one gallery size (`index`), into `point`.
+  `history['official']`: the official path's seconds per (video, query) at the last size it
+  ran, to predict this one."""
+  cfg = model.config.model
+  size, count, dtype = point['videos'], point['queries'], index.dtype
   label = f'{model.name} {size:,}'
-  if dtype is None:
-    point['skipped'] = (f'needs {needed["float32"] / 1e9:.1f} GB in float32, '
-                        f'{needed["int8"] / 1e9:.1f} GB in int8; the budget is '
-                        f'{budget / 1e9:.1f} GB')
-    print(f'{label}: skipped, {point["skipped"]}', flush=True)
-    return point
-  folder = os.path.join(index_dir, f'{model.name}_{size}')
-  start = time.perf_counter()
-  index = write_index(folder, cfg, model.params, model.base, size, dtype, model.chunk_videos)
-  point.update(index_write_s=time.perf_counter() - start, dtype=dtype,
-               bytes_per_video=index.manifest['bytes_per_video'])
+  point.update(dtype=dtype, bytes_per_video=index.manifest['bytes_per_video'])
   if dtype == 'float32' and point['bytes_per_video'] != model.bytes_per_video:
     raise AssertionError(f'{model.name}: the index stores {point["bytes_per_video"]} bytes per '
                          f'video, spec.bytes_per_video says {model.bytes_per_video}.')
@@ -439,21 +443,46 @@ def measure_point(model: Model, size: int, official: Any, floor: Mapping[str, fl
     print(f'{label}: official {point["official_ms_per_query"]:.3f} ms/query ({official_count} '
           f'queries), ours {point["speedup"]:.1f}x faster; top-10 equal '
           f'{point["top10_equal"]:.3f}, up to ties {point["equal_up_to_ties"]:.3f}', flush=True)
-  del index
-  shutil.rmtree(folder)
-  return point
 
 
 def measure_model(name: str, sizes: Sequence[int], official: Any, floor: Mapping[str, float],
                   index_dir: str, budget: int) -> dict[str, Any]:
-  """Every number of one model (see the module docstring)."""
+  """Every number of one model (see the module docstring) at `sizes` (ascending).
+
+  One index is written per storage dtype, at the largest size stored in it; the smaller
+  sizes search prefixes of it (`Index.prefix`): row r of a gallery does not depend on the
+  gallery's size, so a prefix is the gallery that size would have written."""
   start = time.perf_counter()
   model = Model.build(name)
   result = model.summary()
   history: dict[str, Any] = {}
-  for size in sizes:
-    result['points'].append(measure_point(model, size, official, floor, index_dir, budget,
-                                          history))
+  plan = [(size,) + choose_dtype(model.spec, model.config.model, size, budget)
+          for size in sizes]
+  for dtype, group in itertools.groupby(plan, key=lambda p: p[1]):
+    group = list(group)
+    points = [new_point(model, size, needed) for size, _, needed in group]
+    result['points'] += points
+    if dtype is None:
+      for point in points:
+        needed = point['index_bytes_needed']
+        point['skipped'] = (f'needs {needed["float32"] / 1e9:.1f} GB in float32, '
+                            f'{needed["int8"] / 1e9:.1f} GB in int8; the budget is '
+                            f'{budget / 1e9:.1f} GB')
+        print(f'{name} {point["videos"]:,}: skipped, {point["skipped"]}', flush=True)
+      continue
+    largest = group[-1][0]
+    folder = os.path.join(index_dir, f'{name}_{largest}')
+    write_start = time.perf_counter()
+    index = write_index(folder, model.config.model, model.params, model.base, largest, dtype,
+                        model.chunk_videos)
+    points[-1]['index_write_s'] = time.perf_counter() - write_start
+    for point in points:
+      if point['videos'] < largest:
+        point['prefix_of'] = largest
+      measure_point(model, point, index if point['videos'] == largest else
+                    index.prefix(point['videos']), official, floor, budget, history)
+    del index
+    shutil.rmtree(folder)
   result['wall_s'] = time.perf_counter() - start
   return result
 
@@ -506,8 +535,8 @@ def main(argv):
   del argv
   start = time.perf_counter()
   names = _MODELS.value or models.names()
-  sizes = [int(s) for s in _SIZES.value] if _SIZES.value else (
-      list(DEFAULT_SIZES) + ([LARGE_SIZE] if _LARGE.value else []))
+  sizes = sorted({int(s) for s in _SIZES.value} if _SIZES.value else (
+      set(DEFAULT_SIZES) | ({LARGE_SIZE} if _LARGE.value else set())))
   info = machine()
   official = load_official() if _OFFICIAL_MAX.value > 0 else None
   index_dir = _INDEX_DIR.value or tempfile.mkdtemp(prefix='prvr_retrieval_')

@@ -155,6 +155,13 @@ class Searcher:
     if self.resident:
       self._resident_chunks = kept
 
+  def load(self) -> None:
+    """Puts a resident gallery on the devices now, so that the first search does not pay the
+    transfer (no-op for a streamed one)."""
+    if self.resident and self._resident_chunks is None:
+      for _ in self._device_chunks():
+        pass
+
   # ----------------------------------------------------------------------------- queries
 
   def _query_batches(self, queries: Mapping[str, np.ndarray]) -> list[tuple[Any, int]]:

@@ -320,6 +320,22 @@ class Index:
     return jax.tree_util.tree_map_with_path(
         lambda p, s: stored[path_of(p)].astype(s.dtype), shapes)
 
+  def prefix(self, num_videos: int) -> 'Index':
+    """A view of the first `num_videos` rows (the same files, nothing copied or written): a
+    smaller gallery to search, e.g. for a cost-versus-size curve from one build."""
+    if not 0 < num_videos <= len(self):
+      raise ValueError(f'{self.path} holds {len(self)} videos: no prefix of {num_videos}.')
+    shards, left = [], num_videos
+    for shard in self.shards:
+      take = min(left, len(shard))
+      shards.append(Shard(shard.name, shard.ids[:take],
+                          {leaf: {part: array[:take] for part, array in parts.items()}
+                           for leaf, parts in shard.arrays.items()}))
+      left -= take
+      if not left:
+        break
+    return Index(self.path, self.manifest, shards)
+
   def rows(self) -> Iterator[tuple[int, Shard]]:
     """(first row, shard) of every shard."""
     start = 0

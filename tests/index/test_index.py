@@ -160,6 +160,24 @@ def test_gallery_built_in_shards_equals_one_build(gmmformer_gallery, tmp_path, d
   np.testing.assert_array_equal(a.scores, b.scores)
 
 
+def test_prefix_view_searches_as_an_index_of_the_first_rows(gmmformer_gallery, tmp_path):
+  config, params, stored, ids, queries = gmmformer_gallery
+  whole = _writer_index(tmp_path / 'whole', config, params, stored, ids, [17], 5, 'int8')
+  first = _writer_index(tmp_path / 'first', config, params, {k: v[:12] for k, v in
+                                                             stored.items()},
+                        ids[:12], [12], 5, 'int8')
+  view = whole.prefix(12)  # ends inside the third of four shards
+  assert view.ids == first.ids and [len(s) for s in view.shards] == [5, 5, 2]
+  searcher = Searcher(view, chunk_videos=4)
+  searcher.load()
+  assert len(searcher._resident_chunks) == 5  # chunks of 4 within shards of 5, 5, 2
+  a, b = searcher.search(queries, k=12), Searcher(first, chunk_videos=4).search(queries, k=12)
+  np.testing.assert_array_equal(a.rows, b.rows)
+  np.testing.assert_array_equal(a.scores, b.scores)
+  with pytest.raises(ValueError, match='no prefix of 18'):
+    whole.prefix(18)
+
+
 def test_two_devices_equal_one(gmmformer_gallery, tmp_path):
   config, params, stored, ids, queries = gmmformer_gallery
   index = _writer_index(tmp_path / 'index', config, params, stored, ids, [17], 8, 'float32')
