@@ -19,6 +19,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from prvr_jax import compilation_cache
 from prvr_jax import config_lib
 from prvr_jax import parallel
 
@@ -43,12 +44,14 @@ _PLOTS = flags.DEFINE_bool(
     '(models with explicit moments), the training curves of a workdir (docs/plots.md; needs '
     "matplotlib: pip install 'prvr_jax[plots]'). With --checkpoint only.")
 parallel.define_distributed_flags()
+compilation_cache.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   parallel.initialize_distributed_from_flags()
+  compilation_cache.enable_from_flags()
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()

@@ -15,6 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prvr_jax import compilation_cache
 from prvr_jax import config_lib
 from prvr_jax import parallel
 
@@ -27,12 +28,14 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     'epochs, ...; recorded in config_history.jsonl). Changes to the model or the data stream '
     'are never accepted.')
 parallel.define_distributed_flags()
+compilation_cache.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   parallel.initialize_distributed_from_flags()
+  compilation_cache.enable_from_flags()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
   from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top

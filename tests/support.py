@@ -91,8 +91,8 @@ def load_config(name_or_path: str, variant: str | None = None) -> Any:
 
 
 def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
-  """The environment of a CLI subprocess: `devices` CPU devices, the repo on the path, an
-  optional persistent compilation cache."""
+  """The environment of a CLI subprocess: `devices` CPU devices, the repo on the path, a
+  persistent compilation cache at `cache_dir` (None: none)."""
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join([str(REPO), str(REPO / 'tests'),
                                        env.get('PYTHONPATH', '')])
@@ -101,7 +101,7 @@ def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
                       '--xla_backend_optimization_level=0')
   env['JAX_PLATFORMS'] = 'cpu'
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'
-  env.pop('JAX_COMPILATION_CACHE_DIR', None)
+  env['JAX_COMPILATION_CACHE_DIR'] = ''  # train.py/evaluate.py: off, not the user's default
   if cache_dir is not None:
     env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
@@ -109,11 +109,13 @@ def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
 
 
 def run_cli(script: str, *args: str, cache_dir: pathlib.Path | None, devices: int = 1,
-            check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-  """Runs `python <repo>/<script> args...`; raises with its stderr when it fails and `check`."""
+            check: bool = True, timeout: int = 600, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+  """Runs `python <repo>/<script> args...` (`env`: added to `cli_env`'s); raises with its
+  stderr when it fails and `check`."""
   proc = subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO,
-                        env=cli_env(cache_dir, devices), capture_output=True, text=True,
-                        timeout=timeout)
+                        env={**cli_env(cache_dir, devices), **(env or {})},
+                        capture_output=True, text=True, timeout=timeout)
   if check and proc.returncode:
     raise AssertionError(f'{script} {" ".join(args)} failed ({proc.returncode}):\n'
                          f'{proc.stderr[-6000:]}')

@@ -95,7 +95,10 @@ def test_resume_after_stop_and_torn_checkpoint(reference_run, config_path, tiny_
   (torn / 'state').mkdir(parents=True)
   (torn / 'state' / 'partial').write_bytes(b'\0' * 100)
 
-  run_cli('train.py', *args, cache_dir=xla_cache)
+  resumed_run = run_cli('train.py', *args, cache_dir=xla_cache,
+                        env={'JAX_DEBUG_LOG_MODULES': 'jax._src.compiler'})
+  # The train step (compiled by the reference run) comes from the persistent cache.
+  assert "Persistent compilation cache hit for 'jit_step'" in resumed_run.stderr
   # Exact: the same programs on the same machine replay the same steps (bit-identical resume).
   assert (json.loads((workdir / 'test_metrics.json').read_text())
           == json.loads((reference_run / 'test_metrics.json').read_text()))

@@ -1,0 +1,63 @@
+"""JAX's persistent compilation cache, on by default in train.py and evaluate.py.
+
+A second run, a resume and a re-evaluation of the same config load their compiled programs
+from the cache instead of compiling them again (docs/training.md, "Compilation cache"). The
+folder is `--compilation_cache_dir`; without the flag, `$JAX_COMPILATION_CACHE_DIR` where it is
+set (set and empty: off), else `DEFAULT_DIR`. `--compilation_cache_dir=` turns it off.
+
+JAX writes no entry for a program that compiled in under
+`jax_persistent_cache_min_compile_time_secs` (1 s by default), nor for one with a host callback
+(GMMFormer v2's train step, whose Hungarian matching runs on the host through
+`jax.pure_callback`). On GPUs JAX also keeps XLA's autotuning results in the folder, which a
+program it does not cache reuses all the same.
+"""
+
+import os
+
+from absl import flags
+from absl import logging
+import jax
+
+DEFAULT_DIR = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache'),
+                           'prvr_jax', 'jax_compilation_cache')
+ENV = 'JAX_COMPILATION_CACHE_DIR'
+
+
+def define_flags() -> None:
+  """Defines `--compilation_cache_dir` (train.py, evaluate.py)."""
+  flags.DEFINE_string(
+      'compilation_cache_dir', None,
+      'Folder of the persistent compilation cache, so that later runs of the same config skip '
+      f'compilation; default ${ENV} where set, else {DEFAULT_DIR}. Empty: off. Off by default '
+      'in multi-process runs on CPU.')
+
+
+def enable(path: str | None = None, multi_process_cpu: bool = False) -> str | None:
+  """Turns the cache on at `path` (None: the default described in the module docstring).
+
+  `multi_process_cpu`: the run is several processes on CPU devices, where the default is off
+  (processes of one gloo job sharing a cache have hung). Returns the folder, or None when off.
+  """
+  if path is None:
+    if ENV in os.environ:
+      path = os.environ[ENV]
+    elif not multi_process_cpu:
+      path = DEFAULT_DIR
+  if not path:
+    jax.config.update('jax_compilation_cache_dir', None)
+    return None
+  path = os.path.abspath(os.path.expanduser(path))
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f'--compilation_cache_dir={path}: cannot create the folder ({e}); pass '
+                     'another folder, or --compilation_cache_dir= to turn the cache off.') from e
+  jax.config.update('jax_compilation_cache_dir', path)
+  logging.info('Persistent compilation cache: %s', path)
+  return path
+
+
+def enable_from_flags() -> str | None:
+  """`enable` with `--compilation_cache_dir`; call after `jax.distributed` is up."""
+  multi_process_cpu = jax.process_count() > 1 and jax.default_backend() == 'cpu'
+  return enable(flags.FLAGS.compilation_cache_dir, multi_process_cpu)
