@@ -22,7 +22,11 @@ from prvr_jax import config_lib
 MODEL = dict(
     name='gmmformer_v2', **config_lib.MS_SL_LINEAGE, window='gaussian',
     widths=(None, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0), aggregation='temporal_consolidation')
-LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0)
+# om_solver: where the optimal-matching loss solves its assignments, 'host' (scipy through
+# jax.pure_callback) or 'device' (the same algorithm in JAX: a step the persistent compilation
+# cache keeps; docs/losses.md).
+LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0,
+            om_solver='host')
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
 _TVR = {'optim.lr': 3e-4, 'model.temperature': 0.09, 'model.dropout': 0.2,

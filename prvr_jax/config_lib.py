@@ -268,6 +268,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     **{f'loss.{k}': _number(0) for k in ('clip_nce', 'frame_nce', 'qdl', 'om', 'margin',
                                           'qdl_gamma')},
     'loss.qdl_alpha': _number(0, low_open=True),
+    'loss.om_solver': _choice('host', 'device'),
     'loss.hard_pool_size': _integer(1),
     'loss.hard_negative_start_epoch': _integer(0),
     'optim.name': _choice('bert_adam', 'adamw', 'hf_adamw'),

@@ -55,6 +55,8 @@ def xla_cache(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope='session')
 def tiny_data(tmp_path_factory) -> str:
   """The tiny synthetic benchmark, generated once (what a run would generate itself)."""
+  from support import require_tensorflow  # pylint: disable=g-import-not-at-top
+  require_tensorflow()
   from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
   return synthetic.ensure('tiny', str(tmp_path_factory.getbasetemp() / 'tiny_data'), seed=0)
 

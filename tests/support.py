@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO / 'tests' / 'fixtures'
@@ -88,6 +89,14 @@ def load_config(name_or_path: str, variant: str | None = None) -> Any:
 
 
 # ----------------------------------------------------------------------------- subprocesses
+
+
+def require_tensorflow():
+  """Skips the calling test module where TensorFlow is missing (a bare JAX GPU image): the
+  data layer (TFRecord shards, tf.data pipelines, the TFDS builder) needs it. Returns `tf`."""
+  return pytest.importorskip(
+      'tensorflow', reason='the data layer needs TensorFlow: pip install tensorflow-cpu '
+      '(setup.cfg installs it)')
 
 
 def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:

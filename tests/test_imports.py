@@ -97,6 +97,7 @@ sys.exit(1 if failed else 0)
 
 def test_every_module_imports_alone():
   """In a fresh interpreter, each module is imported with no other prvr_jax module loaded."""
+  support.require_tensorflow()
   names = sorted(_modules())
   proc = subprocess.run([sys.executable, '-c', _IMPORT_EACH, *names], cwd=support.REPO,
                         env=support.cli_env(None), capture_output=True, text=True, timeout=600)

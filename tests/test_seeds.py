@@ -53,6 +53,7 @@ def test_aggregate_gives_mean_and_sample_std_per_split():
 
 @LOAD_MODULE
 def test_train_commands_and_config(config_path):
+  support.require_tensorflow()
   argv = ['seeds', '--seeds=2', '--config=c.py:tiny', '--config.data.dir=/d', '--config.optim.lr',
           '0.1', '--workdir=w', '--noconfig.data.skip_bad_items', '--config.train.seed=5']
   overrides = seeds.override_tokens(argv)

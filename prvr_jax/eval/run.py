@@ -13,7 +13,6 @@ from prvr_jax import checkpoint
 from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
-from prvr_jax.data import pipeline
 from prvr_jax.eval.evaluator import EvalResult, Evaluator
 from prvr_jax.eval.splits import EvalSplit, eval_split
 
@@ -68,6 +67,7 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
   (`checkpoint.load_params`), 'shards', 'data' (the split's `EvalSplit`), 'evaluated_on' (the
   data identity), 'cross' (`check_data`)}. Data is looked for in the checkpoint's workdir,
   else `fallback_dir`."""
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
   # Synthetic data / prepared shards are found again in the training workdir.
@@ -141,6 +141,7 @@ def write_plots(config: Any, params: Any, shards: Any, split: str, data: EvalSpl
     workdir: a train.py workdir, or None.
   """
   from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
   moments = {}
   if isinstance(shards, pipeline.ShardDataset):
     index = pipeline.eval_index(shards, config.data.get(f'{split}_split', split))

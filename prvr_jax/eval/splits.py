@@ -9,12 +9,13 @@ these keys only, so the order of the batches does not matter.
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
-from prvr_jax.data import frame_data
-from prvr_jax.data import pipeline
+if TYPE_CHECKING:  # The data readers need TensorFlow; the evaluator and its users do not.
+  from prvr_jax.data import frame_data
+  from prvr_jax.data import pipeline
 
 VIDEO_KEY = 'video_index'
 QUERY_KEY = 'query_index'
@@ -51,7 +52,7 @@ class EvalSplit:
   moment_ratio: np.ndarray | None = None
 
 
-def eval_split(config: Any, shards: pipeline.ShardDataset | frame_data.FrameData, split: str
+def eval_split(config: Any, shards: 'pipeline.ShardDataset | frame_data.FrameData', split: str
                ) -> EvalSplit:
   """`split` of the shard folder, videos in the official evaluation chunks.
 
@@ -59,6 +60,7 @@ def eval_split(config: Any, shards: pipeline.ShardDataset | frame_data.FrameData
   of the shards. Every host reads every batch (global view) and feeds its block. Frame data
   (`frame_data.FrameData`): every video and every caption of the split once.
   """
+  from prvr_jax.data import frame_data, pipeline  # pylint: disable=g-import-not-at-top
   if isinstance(shards, frame_data.FrameData):
     return EvalSplit(*frame_data.eval_streams(config, shards, split))
   name = config.data.get(f'{split}_split', split)

@@ -16,7 +16,6 @@ import numpy as np
 
 from prvr_jax import config_lib
 from prvr_jax import parallel
-from prvr_jax.data import pipeline
 from prvr_jax.eval import run
 from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
 from prvr_jax.eval.splits import EvalSplit, eval_split
@@ -112,6 +111,7 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
           'data': built.get('trained_on')}
   output_dir = output_dir or f'{index.path}_eval_{split}'
   mesh = parallel.make_mesh()
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
   shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
   evaluated_on = shards.identity()
   cross = run.check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),

@@ -16,7 +16,8 @@ objective (`prvr_jax/models/<name>/objective.py`) weights and sums these terms.
 """
 
 from prvr_jax.losses.contrastive import clip_nce, paired_nce
-from prvr_jax.losses.matching import hungarian_assignment, optimal_matching_loss
+from prvr_jax.losses.matching import device_assignment, hungarian_assignment
+from prvr_jax.losses.matching import optimal_matching_loss
 from prvr_jax.losses.moments import moment_diversity_loss, moment_relevance_loss
 from prvr_jax.losses.prototypes import attention_guidance_loss, masked_token_nce
 from prvr_jax.losses.prototypes import orthogonality_loss, reconstruction_mse
@@ -24,8 +25,8 @@ from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse
 from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_negatives
 from prvr_jax.losses.stochastic import pooled_logits, support_targets, symmetric_cross_entropy
 
-__all__ = ['attention_guidance_loss', 'clip_nce', 'hungarian_assignment', 'masked_token_nce', 'moment_diversity_loss',
-           'moment_relevance_loss', 'optimal_matching_loss', 'orthogonality_loss', 'paired_nce',
-           'paired_triplet_loss', 'pooled_logits', 'query_diverse_loss_v1', 'query_diverse_loss_v2',
-           'reconstruction_mse', 'support_targets', 'symmetric_cross_entropy', 'triplet_loss',
-           'triplet_negatives']
+__all__ = ['attention_guidance_loss', 'clip_nce', 'device_assignment', 'hungarian_assignment',
+           'masked_token_nce', 'moment_diversity_loss', 'moment_relevance_loss',
+           'optimal_matching_loss', 'orthogonality_loss', 'paired_nce', 'paired_triplet_loss',
+           'pooled_logits', 'query_diverse_loss_v1', 'query_diverse_loss_v2', 'reconstruction_mse',
+           'support_targets', 'symmetric_cross_entropy', 'triplet_loss', 'triplet_negatives']

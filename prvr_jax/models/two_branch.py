@@ -254,7 +254,8 @@ def diversity_and_matching(outputs: Mapping[str, jax.Array], batch: Batch,
         delta=cfg.qdl_delta, alpha=cfg.qdl_alpha, gamma=cfg.qdl_gamma)
   if cfg.get('om', 0):
     terms['om'] = cfg.om * losses.optimal_matching_loss(
-        outputs['queries_aux'], outputs['clips'], **batch_masks(batch))
+        outputs['queries_aux'], outputs['clips'], **batch_masks(batch),
+        solver=cfg.get('om_solver', 'host'))
   return terms
 
 

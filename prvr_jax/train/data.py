@@ -25,6 +25,21 @@ def steps_per_epoch(config: ml_collections.ConfigDict,
                                   config.train.batch_size, readers)
 
 
+def check_matching_bound(config: ml_collections.ConfigDict,
+                         shards: pipeline.ShardDataset | frame_data.FrameData) -> None:
+  """Raises where `loss.om_solver='device'` would meet a training video with more captions
+  than `model.num_clips` (the device solver matches at most that many queries per video)."""
+  if (config.loss.get('om_solver', 'host') != 'device' or not config.loss.get('om', 0)
+      or isinstance(shards, frame_data.FrameData)):
+    return
+  split = shards.split(config.data.train_split)
+  if split.max_captions_per_video > config.model.num_clips:
+    raise ValueError(
+        f'--config.loss.om_solver=device matches at most config.model.num_clips='
+        f'{config.model.num_clips} captions per video, but a video of split {split.name!r} of '
+        f'{shards.dir} has {split.max_captions_per_video}. Use --config.loss.om_solver=host.')
+
+
 def train_batches(config: ml_collections.ConfigDict,
                   shards: pipeline.ShardDataset | frame_data.FrameData,
                   start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:

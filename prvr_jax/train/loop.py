@@ -131,6 +131,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     data_check.check_before_run(config)
     shards = pipeline.open_run_data(config, workdir)
     num_epochs = config.train.num_epochs
+    train_data.check_matching_bound(config, shards)
     epoch_steps = train_data.steps_per_epoch(config, shards)
     tx, schedule = make_optimizer(config, epoch_steps * num_epochs)
     abstract_state = abstract_train_state(config, tx, mesh)

@@ -228,6 +228,7 @@ def test_nothing_to_check_and_missing_files(tmp_path):
 def test_annotations_and_frame_folders(tmp_path):
   """T-MASS end to end (config.data.source='frames'): counts from the official readers, one
   frame folder with images per video."""
+  support.require_tensorflow()
   videos = {'train': ['a', 'b', 'c'], 'test': ['d', 'e']}
   for split, names in videos.items():
     with open(tmp_path / f'didemo_{split}_label.csv', 'w', encoding='utf-8', newline='') as f:

@@ -9,6 +9,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+import support
+support.require_tensorflow()
+
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import synthetic

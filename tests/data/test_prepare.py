@@ -7,8 +7,10 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow as tf
-import tensorflow_datasets as tfds
+
+import support
+tf = support.require_tensorflow()
+import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
 from prvr_jax import files
 from prvr_jax.data import pipeline

@@ -8,6 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
+import support
+support.require_tensorflow()
+
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import qvhighlights as qvh

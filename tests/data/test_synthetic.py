@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import support
+support.require_tensorflow()
+
 from prvr_jax import baselines
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare

@@ -8,9 +8,10 @@ import os
 import h5py
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import support
+tf = support.require_tensorflow()
+
 from prvr_jax.data import frames as fr
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import text_video as tv

@@ -34,6 +34,7 @@ def _caption_file_order(split: str, release=RELEASE, collection='tiny'
 def test_official_checkpoint_parity_through_cli(model, tmp_path, xla_cache):
   """Release folder -> shards -> evaluator with an official checkpoint = the official
   validation's scores (MS-SL and AMDNet: the minimally repaired official code)."""
+  support.require_tensorflow()
   out = tmp_path / 'eval'
   release, collection, flags = RELEASES[model]
   # The fixture's dims (see tests/fixtures/README.md) on the tiny release folder.

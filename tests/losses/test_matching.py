@@ -1,4 +1,5 @@
-"""Host Hungarian assignment vs brute force; jit, vmap and sharded inputs."""
+"""Host Hungarian assignment vs brute force; jit, vmap and sharded inputs. The device solver
+assigns exactly as scipy does, ties included, and gives the same loss and gradient."""
 
 import itertools
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import support
+from prvr_jax import losses
 from prvr_jax.losses import matching
 
 REPO = str(support.REPO)
@@ -77,6 +79,66 @@ def test_vmap_matches_per_item():
   got = jax.vmap(matching.hungarian_assignment, in_axes=(0, None, None))(
       np.stack([cost[0], cost[0] + 1.]), qv[0], qval[0])
   np.testing.assert_array_equal(got, np.stack([expected[0]] * 2))
+
+
+def test_device_solver_assigns_as_scipy_ties_included():
+  """Random problems of one shape (one compile): normal costs (unique optima) and costs in
+  {0, 1, 2} (many equal-cost assignments: resolved as scipy resolves them)."""
+  num_videos, num_clips, num_queries = 5, 6, 16
+  solve = jax.jit(matching.device_assignment, static_argnums=3)
+  for seed in range(40):
+    rng = np.random.default_rng(seed)
+    qv = rng.integers(0, num_videos, num_queries).astype(np.int32)
+    valid = rng.random(num_queries) < 0.85
+    for video in range(num_videos):  # at most num_clips queries per video (its bound)
+      valid[np.flatnonzero(valid & (qv == video))[num_clips:]] = False
+    if seed % 2:
+      cost = rng.integers(0, 3, (num_queries, num_clips)).astype(np.float32)
+    else:
+      cost = rng.normal(size=(num_queries, num_clips)).astype(np.float32)
+    got = solve(cost, qv, valid, num_videos)
+    np.testing.assert_array_equal(got, matching._assign_host(cost, qv, valid),
+                                  err_msg=f'seed {seed}')
+  # A constant matrix: scipy's identity-like answer.
+  np.testing.assert_array_equal(
+      solve(np.ones((4, 4), np.float32), np.zeros(4, np.int32), np.ones(4, bool), 1),
+      [0, 1, 2, 3])
+
+
+def test_device_solver_stops_on_more_queries_than_clips():
+  cost = np.array([[0., 5.], [1., 0.], [0., 0.], [3., 3.]], np.float32)
+  got = matching.device_assignment(cost, np.zeros(4, np.int32), np.ones(4, bool), 1)
+  np.testing.assert_array_equal(got, [0, 1, -1, -1])  # the first 2 matched, no hang
+
+
+def test_device_solver_loss_and_gradient_equal_the_host_ones():
+  rng = np.random.default_rng(3)
+  queries = rng.normal(size=(12, 8)).astype(np.float32)
+  clips = rng.normal(size=(4, 5, 8)).astype(np.float32)
+  labels = np.sort(rng.integers(0, 4, 12)).astype(np.int32)
+  valid, video_valid = np.arange(12) < 11, np.array([True, True, False, True])
+  host, device = (jax.jit(jax.value_and_grad(
+      lambda q, c, solver=solver: losses.optimal_matching_loss(
+          q, c, labels, valid, video_valid, solver=solver), (0, 1)))(queries, clips)
+                  for solver in ('host', 'device'))
+  # The same assignment, so the same arithmetic: equal up to compilation differences.
+  support.assert_close(device[0], host[0], rtol=support.f32_rtol(8), scale=1.0)
+  for device_grad, host_grad in zip(device[1], host[1]):
+    support.assert_close(device_grad, host_grad, rtol=support.f32_rtol(8))
+  with pytest.raises(ValueError, match="'host' or 'device'"):
+    losses.optimal_matching_loss(queries, clips, labels, valid, video_valid, solver='gpu')
+
+
+def test_device_solver_refuses_data_beyond_its_bound():
+  support.require_tensorflow()
+  from prvr_jax.train import data as train_data  # pylint: disable=g-import-not-at-top
+  config = support.load_config('gmmformer_v2', 'tiny')
+  split = type('Split', (), {'name': 'train', 'max_captions_per_video': 40})()
+  shards = type('Shards', (), {'dir': '/data/x', 'split': lambda self, name: split})()
+  train_data.check_matching_bound(config, shards)  # host solver: no bound
+  config.loss.om_solver = 'device'
+  with pytest.raises(ValueError, match='num_clips=32 captions per video.*has 40'):
+    train_data.check_matching_bound(config, shards)
 
 
 def test_nan_cost_raises_naming_the_video():

@@ -9,13 +9,14 @@ import h5py
 import jax
 import numpy as np
 import pytest
-import tensorflow as tf
+
+import support
+tf = support.require_tensorflow()
 
 from prvr_jax import checkpoint, models, parallel, train
 from prvr_jax.data import text_video
 from prvr_jax.data.release import DataError
 from prvr_jax.train import data as train_data
-import support
 
 # A hand-made BPE vocabulary: 512 byte tokens, these merges, SOT, EOT (ids < 1024 = the tiny
 # CLIP's vocabulary).

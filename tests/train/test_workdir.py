@@ -13,6 +13,7 @@ import support
 
 
 def test_a_second_run_on_a_locked_workdir_is_refused_naming_the_first(tmp_path):
+  support.require_tensorflow()
   with workdir_lib.lock(str(tmp_path)):
     holder = json.loads((tmp_path / workdir_lib.LOCK_FILE).read_text())
     assert holder['pid'] == os.getpid()
@@ -72,6 +73,7 @@ def test_record_config_keeps_a_history(tmp_path):
 
 
 def test_workdir_must_be_new_empty_or_a_workdir(tmp_path):
+  support.require_tensorflow()
   home = tmp_path / 'home'
   home.mkdir()
   (home / 'thesis.tex').write_text('precious')
