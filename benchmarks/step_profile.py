@@ -1,7 +1,8 @@
 """Where a compiled XLA program's time goes: a `jax.profiler` trace of a few calls, each op's
 time attributed to an operation kind and a phase by reading the compiled HLO.
 
-Used by `train_step.py --profile`. Kinds (first match wins):
+Used by `train_step.py --profile` (and `program_size`, the program's size, by every
+`train_step.py` run). Kinds (first match wins):
 
 * `hungarian callback`: the host `pure_callback` (scipy's assignment) and its round trip;
 * `dropout RNG + masks`: ops under a `Dropout` module or JAX's random-bit generation;
@@ -158,6 +159,26 @@ def breakdown(compiled: Any, call: Callable[[], Any], calls: int = 3) -> dict[st
   walls.sort()
   return {'wall_s': walls[len(walls) // 2], 'op_s': sum(kinds.values()), 'kinds': kinds,
           'phases': phases, 'unattributed_s': unattributed / calls}
+
+
+def program_size(lowered: Any, compiled: Any) -> dict[str, Any]:
+  """How big the program is (what compile time grows with): StableHLO ops of the traced
+  program (all, `dot_general`s), and of the optimised HLO the fusions, while loops, custom
+  calls and instructions by phase, with the dropout random-bit generation apart."""
+  traced = re.findall(r'= (?:"?)([a-z]+\.[a-z_]+)', lowered.as_text())
+  instructions, computations = parse_hlo(compiled.as_text())
+  by_phase = dict.fromkeys(('dropout RNG + masks',) + PHASES, 0)
+  for instruction in instructions.values():
+    stack = instruction.op_name.lower()
+    if not stack:
+      continue
+    dropout = 'dropout' in stack or 'random_bits' in stack or 'threefry' in stack
+    by_phase['dropout RNG + masks' if dropout else phase_of(instruction.op_name)] += 1
+  opcodes = [i.opcode for i in instructions.values()]
+  return {'stablehlo_ops': len(traced), 'dot_generals': traced.count('stablehlo.dot_general'),
+          'fusions': opcodes.count('fusion'), 'computations': len(computations),
+          'while_loops': opcodes.count('while'), 'custom_calls': opcodes.count('custom-call'),
+          'instructions_by_phase': by_phase}
 
 
 def format_breakdown(result: Mapping[str, Any]) -> str:

@@ -11,7 +11,8 @@ is its own:
 
 * ours: the jitted train step of `train.make_train_step` (forward, loss, backward, optimiser,
   the state donated) at epoch 0: compile time, the median of `--steps` steps after `--warmup`,
-  FLOPs per step from XLA's cost analysis and the achieved GFLOP/s; with `--profile`, where
+  FLOPs per step from XLA's cost analysis and the achieved GFLOP/s, the program's size
+  (`step_profile.program_size`: ops, fusions, loops, instructions by phase); with `--profile`, where
   the step's time goes by operation kind and phase (`step_profile.py`);
 * the official step (with `--official`), from a checkout of the authors' code outside this
   repo (`official_train_step.py`: `model.train()`, forward, loss, backward, optimiser step),
@@ -44,6 +45,7 @@ import numpy as np
 from prvr_jax import models, parallel, train
 
 from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
+import step_profile  # benchmarks/step_profile.py
 
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
 CAPTIONS = {'tmass': 1}
@@ -108,7 +110,8 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   batch = parallel.global_batch(benchmark_batch(name, config.model, num_videos), mesh)
   epoch = np.int32(0)
   start = time.perf_counter()
-  compiled = step.lower(state, batch, epoch).compile()
+  lowered = step.lower(state, batch, epoch)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - start
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -121,9 +124,9 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   times = timed(run, _WARMUP.value, _STEPS.value)
   result = {'step_s': times, 'compile_s': compile_s, 'gflop': float(cost['flops']) / 1e9,
             'loss': float(run()['loss']), 'params': models.count_params(holder['state'].params),
-            'matmul_precision': config.train.matmul_precision}
+            'matmul_precision': config.train.matmul_precision,
+            'program': step_profile.program_size(lowered, compiled)}
   if _PROFILE.value:
-    import step_profile  # pylint: disable=import-outside-toplevel
     result['profile'] = step_profile.breakdown(compiled, run)
   result['peak_rss_mb'] = peak_rss_mb()
   return result
@@ -226,8 +229,12 @@ def main(argv):
                              'official': official})
       rows.append(row(name, videos, ours, official, peaks))
       print(rows[-1], flush=True)
+      program = ours['program']
+      print(f'  program: {program["stablehlo_ops"]:,} StableHLO ops ({program["dot_generals"]} '
+            f'dot_general), optimised {program["fusions"]:,} fusions, {program["while_loops"]} '
+            f'while loops, {program["custom_calls"]} custom calls; instructions by phase '
+            f'{program["instructions_by_phase"]}', flush=True)
       if _PROFILE.value and 'profile' in ours:
-        import step_profile  # pylint: disable=import-outside-toplevel
         print(step_profile.format_breakdown(ours['profile']), flush=True)
   report['machine']['load_average_at_end'] = os.getloadavg()[0]
   print(HEADER + '\n' + '\n'.join(rows))
