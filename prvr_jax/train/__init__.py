@@ -3,7 +3,8 @@
 in `prvr_jax.checkpoint`, shared with evaluation.
 """
 
-from prvr_jax import lazy_exports
+from typing import Any
+
 from prvr_jax.train.logs import NonFiniteLossError
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
 from prvr_jax.train.state import make_optimizer
@@ -11,4 +12,12 @@ from prvr_jax.train.step import make_train_step
 
 __all__ = ['NonFiniteLossError', 'TrainState', 'abstract_train_state', 'create_train_state',
            'make_optimizer', 'make_train_step', 'train_and_evaluate']
-__getattr__ = lazy_exports(__name__, {'train_and_evaluate': 'loop'})  # tf.data
+
+
+def __getattr__(name: str) -> Any:
+  # The epoch loop reads data through tf.data: imported on first use, so that the state, the
+  # step and the optimiser work without TensorFlow.
+  if name == 'train_and_evaluate':
+    from prvr_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+    return train_and_evaluate
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
