@@ -89,13 +89,18 @@ def _opcodes(name: str, instructions: Mapping[str, Instruction],
   return found
 
 
+def is_dropout(op_name: str) -> bool:
+  """Whether an op with this name stack is dropout: its masks or JAX's random-bit generation."""
+  stack = op_name.lower()
+  return 'dropout' in stack or 'random_bits' in stack or 'threefry' in stack
+
+
 def kind_of(name: str, instructions: Mapping[str, Instruction],
             computations: Mapping[str, list[str]]) -> str:
   instruction = instructions[name]
   if instruction.opcode == 'custom-call' and 'callback' in name + instruction.op_name:
     return 'hungarian callback'
-  stack = instruction.op_name.lower()
-  if 'dropout' in stack or 'random_bits' in stack or 'threefry' in stack:
+  if is_dropout(instruction.op_name):
     return 'dropout RNG + masks'
   ops = _opcodes(name, instructions, computations)
   if ops & {'dot', 'convolution'}:
@@ -169,11 +174,9 @@ def program_size(lowered: Any, compiled: Any) -> dict[str, Any]:
   instructions, computations = parse_hlo(compiled.as_text())
   by_phase = dict.fromkeys(('dropout RNG + masks',) + PHASES, 0)
   for instruction in instructions.values():
-    stack = instruction.op_name.lower()
-    if not stack:
-      continue
-    dropout = 'dropout' in stack or 'random_bits' in stack or 'threefry' in stack
-    by_phase['dropout RNG + masks' if dropout else phase_of(instruction.op_name)] += 1
+    if instruction.op_name:
+      by_phase['dropout RNG + masks' if is_dropout(instruction.op_name)
+               else phase_of(instruction.op_name)] += 1
   opcodes = [i.opcode for i in instructions.values()]
   return {'stablehlo_ops': len(traced), 'dot_generals': traced.count('stablehlo.dot_general'),
           'fusions': opcodes.count('fusion'), 'computations': len(computations),

@@ -135,10 +135,10 @@ def device_assignment(cost: jax.Array, query_video: jax.Array, query_valid: jax.
 
     def search(s):
       """One step of the shortest-path search of every video still without a free column."""
-      # A video whose every column is on the path has more rows than columns: it stops (-3).
-      going = (s['sink'] == -1) & (s['pos'] < removed).any(1)
-      sr = s['sr'].at[jnp.where(going, s['i'], nowhere)].set(True, mode='drop')
       remaining = s['pos'] < removed
+      # A video whose every column is on the path has more rows than columns: it stops (-3).
+      going = (s['sink'] == -1) & remaining.any(1)
+      sr = s['sr'].at[jnp.where(going, s['i'], nowhere)].set(True, mode='drop')
       reduced = (s['min_val'][:, None] + row_of(cost, s['i']) - row_of(u, s['i'])[:, None]
                  - v)
       better = going[:, None] & remaining & (reduced < s['shortest'])
