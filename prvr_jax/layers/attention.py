@@ -62,13 +62,21 @@ class Projection(nn.Module):
     return x @ self.kernel + self.bias
 
 
+def _folding_is_cheaper(num_queries: int, num_keys: int, width: int, num_heads: int) -> bool:
+  """Whether folding the key (and value) projection into the query side takes fewer
+  multiply-adds: `Lq D^2 + H Lq Lk D` (q W_k^T per head, then against every key) against
+  `Lk D^2 + Lq Lk D` (project every key, then the per-head dots)."""
+  return (num_queries * (width + num_heads * num_keys)
+          < num_keys * (width + num_queries))
+
+
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product attention; the window multiplies the logits, masked keys get -10000.
 
-  With few queries (a learnable query token attending over a sequence: `Lq * heads` well below
-  the width) the key and value projections are folded into the query side instead of being
-  applied to every key -- the same function with O(Lq * Lk * D * heads) instead of
-  O(Lk * D^2) work.
+  With few queries against many keys (a learnable query token attending over a sequence) the
+  key and value projections are folded into the query side instead of being applied to every
+  key: the same function with O(Lq D^2 + H Lq Lk D) instead of O(Lk D^2 + Lq Lk D) work, taken
+  only where that is less (never for self-attention, Lq = Lk).
 
   Attributes:
     num_heads: number of heads; the model width must be divisible by it.
@@ -92,7 +100,7 @@ class MultiHeadAttention(nn.Module):
     query_proj, key_proj, value_proj = (Projection(width, width, name=n)
                                         for n in ('query', 'key', 'value'))
     q = split(query_proj(queries))
-    fold = 2 * queries.shape[-2] * self.num_heads <= width
+    fold = _folding_is_cheaper(queries.shape[-2], keys.shape[-2], width, self.num_heads)
     if fold:  # logits = (q W_k^T) . x + q . b_k
       q_keys = jnp.einsum('bqhd,ehd->bqhe', q, split(key_proj.kernel))  # [B, Lq, H, D]
       logits = (jnp.einsum('bqhe,bke->bhqk', q_keys, keys)
