@@ -20,6 +20,7 @@ than the wall time of a call; shares are of the summed op time.
 from collections.abc import Callable, Mapping
 import dataclasses
 import glob
+import math
 import os
 import re
 import tempfile
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 import jax
+from jax.extend import core as jax_core
 
 _INSTRUCTION = re.compile(r'\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$')
 _COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
@@ -182,6 +184,41 @@ def program_size(lowered: Any, compiled: Any) -> dict[str, Any]:
           'fusions': opcodes.count('fusion'), 'computations': len(computations),
           'while_loops': opcodes.count('while'), 'custom_calls': opcodes.count('custom-call'),
           'instructions_by_phase': by_phase}
+
+
+def _subjaxprs(params: Mapping[str, Any]) -> list[Any]:
+  found = []
+  for value in params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(item, jax_core.ClosedJaxpr):
+        found.append(item.jaxpr)
+      elif isinstance(item, jax_core.Jaxpr):
+        found.append(item)
+  return found
+
+
+def matmul_gflop(jaxpr: Any) -> float:
+  """GFLOP of the `dot_general`s of a (closed) jaxpr: 2 x output size x contracted size each,
+  counted once per call of the sub-jaxprs they sit in (a `scan` body `length` times; a
+  `cond` or `while` body once). Comparable with torch's `FlopCounterMode`, which counts the
+  matmuls only, unlike XLA's cost analysis (every elementwise op too)."""
+  jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
+  flops = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      (lhs_contracting, _), _ = eqn.params['dimension_numbers']
+      lhs_shape = eqn.invars[0].aval.shape
+      contracted = math.prod(lhs_shape[d] for d in lhs_contracting)
+      flops += 2.0 * math.prod(eqn.outvars[0].aval.shape) * contracted
+      continue
+    inner = [1e9 * matmul_gflop(sub) for sub in _subjaxprs(eqn.params)]
+    if eqn.primitive.name == 'cond':
+      flops += max(inner, default=0.0)
+    elif eqn.primitive.name == 'scan':
+      flops += eqn.params['length'] * sum(inner)
+    else:
+      flops += sum(inner)
+  return flops / 1e9
 
 
 def format_breakdown(result: Mapping[str, Any]) -> str:
