@@ -21,6 +21,7 @@ from ml_collections import config_flags
 
 from prvr_jax import compilation_cache
 from prvr_jax import config_lib
+from prvr_jax import host_memory
 from prvr_jax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   parallel.initialize_distributed_from_flags()
   compilation_cache.enable_from_flags()
+  host_memory.trim_after_compiles()
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()

@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 from prvr_jax import compilation_cache
 from prvr_jax import config_lib
+from prvr_jax import host_memory
 from prvr_jax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   parallel.initialize_distributed_from_flags()
   compilation_cache.enable_from_flags()
+  host_memory.trim_after_compiles()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
   from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import models, parallel, train
+from prvr_jax import host_memory, models, parallel, train
 
 from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
 import step_profile  # benchmarks/step_profile.py
@@ -102,6 +102,7 @@ def timed(run, warmup: int, steps: int) -> list[float]:
 # ------------------------------------------------------------------------------------ workers
 
 def run_ours(name: str, num_videos: int) -> dict[str, Any]:
+  host_memory.trim_after_compiles()  # as train.py does
   config = load_config(name, _SET.value)
   mesh = parallel.make_mesh()
   tx, schedule = train.make_optimizer(config, total_steps=1000)
