@@ -19,6 +19,7 @@ from prvr_jax import compilation_cache
 from prvr_jax import config_lib
 from prvr_jax import host_memory
 from prvr_jax import parallel
+from prvr_jax import xla_defaults
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
@@ -35,6 +36,7 @@ compilation_cache.define_flags()
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  xla_defaults.apply()
   parallel.initialize_distributed_from_flags()
   compilation_cache.enable_from_flags()
   host_memory.trim_after_compiles()
