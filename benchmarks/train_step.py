@@ -10,7 +10,8 @@ tokens; the same batch on both sides) it runs, each in a fresh subprocess so tha
 is its own:
 
 * ours: the jitted train step of `train.make_train_step` (forward, loss, backward, optimiser,
-  the state donated) at epoch 0: compile time, the median of `--steps` steps after `--warmup`,
+  the state donated) at epoch 0: compile time, the median of at least `--steps` steps and
+  `--min_seconds` of them after `--warmup`,
   FLOPs per step from XLA's cost analysis and the achieved GFLOP/s, the program's size
   (`step_profile.program_size`: ops, fusions, loops, instructions by phase); with `--profile`, where
   the step's time goes by operation kind and phase (`step_profile.py`);
@@ -54,7 +55,9 @@ RESULT = 'RESULT '  # prefix of a worker's JSON line on stdout
 _MODELS = flags.DEFINE_list('models', ['gmmformer_v2'], 'Models (configs/<name>.py) to time.')
 _VIDEOS = flags.DEFINE_list('videos', ['16', '32', '64', '128'], 'Batch sizes (videos).')
 _CAPTIONS = flags.DEFINE_integer('captions', 5, 'Captions per video.')
-_STEPS = flags.DEFINE_integer('steps', 3, 'Timed steps per measurement (median).')
+_STEPS = flags.DEFINE_integer('steps', 3, 'Timed steps per measurement (median); at least.')
+_MIN_SECONDS = flags.DEFINE_float('min_seconds', 3.0, 'More timed steps until they add up to '
+                                  'this many seconds (short steps are noisy on a shared machine).')
 _WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed steps after compilation.')
 _OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
                                 'of checkouts named as the repos; without it ours runs alone.')
@@ -87,12 +90,13 @@ def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(run, warmup: int, steps: int) -> list[float]:
-  """Seconds of `steps` calls of `run` (each blocking) after `warmup` calls."""
+def timed(run, warmup: int, steps: int, min_seconds: float) -> list[float]:
+  """Seconds of each call of `run` (each blocking) after `warmup` calls: at least `steps`
+  calls, and more until they add up to `min_seconds`."""
   for _ in range(warmup):
     run()
   times = []
-  for _ in range(steps):
+  while len(times) < steps or sum(times) < min_seconds:
     start = time.perf_counter()
     run()
     times.append(time.perf_counter() - start)
@@ -122,7 +126,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
     holder['state'], metrics = compiled(holder['state'], batch, epoch)
     return jax.block_until_ready(metrics)
 
-  times = timed(run, _WARMUP.value, _STEPS.value)
+  times = timed(run, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   result = {'step_s': times, 'compile_s': compile_s, 'gflop': float(cost['flops']) / 1e9,
             'matmul_gflop': step_profile.matmul_gflop(jax.make_jaxpr(step)(state, batch, epoch)),
             'loss': float(run()['loss']), 'params': models.count_params(holder['state'].params),
@@ -149,7 +153,7 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
   step, info = official_train_step.make_step(
       name, official_checkout(_OFFICIAL.value, name), config, batch, epoch=0,
       threads=os.cpu_count(), detect_anomaly=_ANOMALY.value)
-  times = timed(step, _WARMUP.value, _STEPS.value)
+  times = timed(step, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
           'matmul_gflop': official_train_step.matmul_gflop(step)}
 
@@ -161,7 +165,8 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
   python = _OFFICIAL_PYTHON.value if side == 'official' else sys.executable
   command = [python, os.path.abspath(__file__), f'--worker={side}', f'--model={name}',
              f'--batch={num_videos}', f'--captions={_CAPTIONS.value}',
-             f'--steps={_STEPS.value}', f'--warmup={_WARMUP.value}']
+             f'--steps={_STEPS.value}', f'--min_seconds={_MIN_SECONDS.value}',
+             f'--warmup={_WARMUP.value}']
   command += [f'--set={item}' for item in _SET.value]
   if _PROFILE.value:
     command.append('--profile')
@@ -228,6 +233,7 @@ def main(argv):
         f'{peaks["bfloat16"]:.0f} GFLOP/s; load {info["load_average_at_start"]:.1f}', flush=True)
   report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peaks,
                             'settings': {'captions': _CAPTIONS.value, 'steps': _STEPS.value,
+                                         'min_seconds': _MIN_SECONDS.value,
                                          'official_anomaly': _ANOMALY.value,
                                          'warmup': _WARMUP.value, 'set': _SET.value,
                                          'official': _OFFICIAL.value}, 'runs': []}

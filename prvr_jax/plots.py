@@ -29,6 +29,7 @@ from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
 from prvr_jax.eval.evaluator import EvalResult
 from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY
+from prvr_jax.layers.precision import matmul_precision
 from prvr_jax.models import registry
 
 INSTALL_HINT = "pip install 'prvr_jax[plots]'"
@@ -368,7 +369,7 @@ def relevance_curves(config: Any, params: Any, queries: Mapping[str, np.ndarray]
 
   @jax.jit
   def relevance(params, queries, videos):
-    with jax.default_matmul_precision(config.eval.matmul_precision):
+    with matmul_precision(config.eval.matmul_precision):
       return module.apply({'params': params}, queries, videos, method=spec.relevance)
 
   curves = relevance(params, {k: queries[k] for k in query_inputs},

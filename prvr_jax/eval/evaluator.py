@@ -32,6 +32,7 @@ from prvr_jax import parallel
 from prvr_jax.files import short
 from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY, VIDEO_SEED
 from prvr_jax.eval.splits import video_seeds
+from prvr_jax.layers import precision
 from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec
 
@@ -126,12 +127,12 @@ class Evaluator:
 
     @functools.partial(jax.jit, out_shardings=sharded)
     def encode_videos(params, videos):
-      with jax.default_matmul_precision(matmul_precision):
+      with precision.matmul_precision(matmul_precision):
         return module.apply({'params': params}, videos, method='encode_videos')
 
     @functools.partial(jax.jit, out_shardings=(columns, replicated, replicated, replicated))
     def rank_queries(params, queries, gallery, gallery_keys, gt_keys):
-      with jax.default_matmul_precision(matmul_precision):
+      with precision.matmul_precision(matmul_precision):
         encoded = module.apply({'params': params}, queries, method='encode_queries')
         scores = module.apply({'params': params}, encoded, gallery, method='score',
                               rngs=score_rngs)

@@ -27,6 +27,7 @@ from prvr_jax import parallel
 from prvr_jax.eval.evaluator import score_keys
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, dequantize
+from prvr_jax.layers import precision
 
 DATA = parallel.DATA_AXIS
 
@@ -88,13 +89,13 @@ class Searcher:
                              for name, parts in chunk.items()}, sep='/')
 
     def scores_of(params, encoded, stored):
-      with jax.default_matmul_precision(matmul_precision):
+      with precision.matmul_precision(matmul_precision):
         return module.apply({'params': params}, encoded, stored, method='score',
                             rngs=rngs).astype(jnp.float32)
 
     @functools.partial(jax.jit, out_shardings=replicated)
     def encode(params, queries):
-      with jax.default_matmul_precision(matmul_precision):
+      with precision.matmul_precision(matmul_precision):
         return module.apply({'params': params}, queries, method='encode_queries')
 
     def device_top_k(k, params, encoded, chunk, rows):

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from prvr_jax.layers.precision import dense_dot_general, matmul
+
 # PyTorch defaults the official code relies on.
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -10000.0
@@ -45,7 +47,8 @@ def layer_norm(name: str) -> nn.LayerNorm:
 
 
 def dense(features: int, name: str, use_bias: bool = True) -> nn.Dense:
-  return nn.Dense(features, use_bias=use_bias, kernel_init=dense_init, name=name)
+  return nn.Dense(features, use_bias=use_bias, kernel_init=dense_init,
+                  dot_general=dense_dot_general, name=name)
 
 
 class Projection(nn.Module):
@@ -59,7 +62,7 @@ class Projection(nn.Module):
     self.bias = self.param('bias', nn.initializers.zeros, (self.features,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return x @ self.kernel + self.bias
+    return matmul(x, self.kernel) + self.bias
 
 
 def _folding_is_cheaper(num_queries: int, num_keys: int, width: int, num_heads: int) -> bool:

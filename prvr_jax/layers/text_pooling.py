@@ -16,10 +16,12 @@ import jax.numpy as jnp
 
 from prvr_jax.layers.attention import LAYER_NORM_EPS, Dropout
 from prvr_jax.layers.common import identity_kernel
+from prvr_jax.layers.precision import dense_dot_general
 
 
 def _identity_dense(features: int, name: str) -> nn.Dense:
-  return nn.Dense(features, kernel_init=identity_kernel, name=name)
+  return nn.Dense(features, kernel_init=identity_kernel, dot_general=dense_dot_general,
+                  name=name)
 
 
 class TextConditionedPooling(nn.Module):

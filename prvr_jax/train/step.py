@@ -10,6 +10,7 @@ import ml_collections
 import optax
 
 from prvr_jax import parallel
+from prvr_jax.layers.precision import matmul_precision
 from prvr_jax.models.spec import LossContext, ModelSpec
 from prvr_jax.train.state import TrainState
 
@@ -36,7 +37,7 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
     keys = jax.random.split(jax.random.fold_in(state.rng, state.step), len(spec.rng_streams))
     rngs = dict(zip(spec.rng_streams, keys))
     ctx = LossContext(config=config, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
-    with jax.default_matmul_precision(precision):
+    with matmul_precision(precision):
       (loss, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
           module, state.params, batch, rngs, ctx)
       with jax.named_scope('optimizer'):  # named for the profile breakdown (benchmarks/)

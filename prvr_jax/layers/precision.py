@@ -1,0 +1,82 @@
+"""Matmul precision: float32, or the dense layers in bfloat16 with float32 accumulation.
+
+Every jitted function of the library traces its model under `matmul_precision(name)` (the
+train step with `config.train.matmul_precision`, evaluation, index search and plots with
+`config.eval.matmul_precision`). It sets JAX's default matmul precision to `name`, and with
+'bfloat16' the dense layers (`nn.Dense` through `dense_dot_general`, the attention projections
+through `matmul`) multiply bfloat16 copies of their operands with float32 accumulation, in the
+forward pass and in both products of the backward pass. Parameters, the activations between
+layers and the gradients stay float32; the copies kept for the backward pass are bfloat16.
+
+On GPUs and TPUs JAX's 'bfloat16' precision alone already runs every float32 matmul that way.
+XLA's CPU backend ignores the precision of a float32 matmul, and the explicit casts are what
+run the dense layers on a CPU's bfloat16 units (AVX512-BF16, AMX). Measured effect on speed
+and accuracy: docs/benchmarks.md ("Mixed precision").
+"""
+
+from collections.abc import Iterator
+import contextlib
+import contextvars
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+_MIXED_DENSE = contextvars.ContextVar('prvr_jax_mixed_dense', default=False)
+
+
+@contextlib.contextmanager
+def matmul_precision(name: str) -> Iterator[None]:
+  """Traces the enclosed code at matmul precision `name` ('float32', 'tensorfloat32',
+  'bfloat16': `config_lib.MATMUL_PRECISIONS`)."""
+  token = _MIXED_DENSE.set(name == 'bfloat16')
+  try:
+    with jax.default_matmul_precision(name):
+      yield
+  finally:
+    _MIXED_DENSE.reset(token)
+
+
+@jax.custom_vjp
+def bf16_matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """`x [..., D] @ kernel [D, F]` with bfloat16 operands, accumulated and returned in float32."""
+  return jnp.matmul(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+
+def _bf16_matmul_fwd(x, kernel):
+  x16, kernel16 = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16)
+  return jnp.matmul(x16, kernel16, preferred_element_type=jnp.float32), (x16, kernel16)
+
+
+def _bf16_matmul_bwd(residuals, grad):
+  x16, kernel16 = residuals
+  grad16 = grad.astype(jnp.bfloat16)
+  grad_x = jnp.matmul(grad16, kernel16.T, preferred_element_type=jnp.float32)
+  leading = tuple(range(x16.ndim - 1))
+  grad_kernel = lax.dot_general(x16, grad16, ((leading, leading), ((), ())),
+                                preferred_element_type=jnp.float32)
+  return grad_x, grad_kernel
+
+
+bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
+
+
+def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """`x [..., D] @ kernel [D, F]`, in mixed precision under `matmul_precision('bfloat16')`."""
+  if _MIXED_DENSE.get() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32:
+    return bf16_matmul(x, kernel)
+  return x @ kernel
+
+
+def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers,
+                      precision=None, preferred_element_type=None) -> jax.Array:
+  """`lax.dot_general` for `nn.Dense(dot_general=...)`: under `matmul_precision('bfloat16')`
+  its `x @ kernel` runs as `bf16_matmul`; otherwise exactly `lax.dot_general`."""
+  (lhs_contracting, rhs_contracting), batch = dimension_numbers
+  if (_MIXED_DENSE.get() and preferred_element_type is None and not any(batch)
+      and tuple(lhs_contracting) == (lhs.ndim - 1,) and tuple(rhs_contracting) == (0,)
+      and rhs.ndim == 2 and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32):
+    return bf16_matmul(lhs, rhs)
+  return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                         preferred_element_type=preferred_element_type)

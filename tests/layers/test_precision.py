@@ -1,0 +1,80 @@
+"""Mixed precision of the dense layers (prvr_jax.layers.precision)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import support
+from prvr_jax.layers import precision
+from prvr_jax.layers.attention import AttentionBlockV2
+
+BF16_EPS = 2.0 ** -8  # bfloat16 keeps 8 significant bits
+
+
+def _operands(seed=0, shape=(3, 5, 64), features=48):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.normal(size=shape), jnp.float32),
+          jnp.asarray(rng.normal(size=(shape[-1], features)) / 8, jnp.float32))
+
+
+def _rounded(x):
+  return np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_bf16_matmul_is_the_exact_product_of_the_rounded_operands():
+  x, kernel = _operands()
+  expected = _rounded(x) @ _rounded(kernel)  # float64: the float32 accumulation's reference
+  support.assert_close(precision.bf16_matmul(x, kernel), expected, rtol=support.f32_rtol(64))
+  assert precision.bf16_matmul(x, kernel).dtype == jnp.float32
+
+
+def test_bf16_matmul_gradients_are_products_of_rounded_operands():
+  x, kernel = _operands(1)
+  cotangent = jnp.asarray(np.random.default_rng(2).normal(size=(3, 5, 48)), jnp.float32)
+  _, vjp = jax.vjp(precision.bf16_matmul, x, kernel)
+  grad_x, grad_kernel = vjp(cotangent)
+  assert grad_x.dtype == grad_kernel.dtype == jnp.float32
+  g = _rounded(cotangent)
+  support.assert_close(grad_x, g @ _rounded(kernel).T, rtol=support.f32_rtol(48))
+  support.assert_close(grad_kernel, np.einsum('bld,blf->df', _rounded(x), g),
+                       rtol=support.f32_rtol(15))
+
+
+def test_float32_dense_layers_are_untouched_and_bfloat16_ones_are_mixed():
+  x, _ = _operands(3)
+  block = AttentionBlockV2(num_heads=4)
+  params = block.init(jax.random.key(0), x)
+  plain = block.apply(params, x)
+  with precision.matmul_precision('float32'):
+    assert np.array_equal(block.apply(params, x), plain)
+  with precision.matmul_precision('bfloat16'):
+    mixed = block.apply(params, x)
+    jaxpr = str(jax.make_jaxpr(lambda p: block.apply(p, x))(params))
+  assert 'bf16' in jaxpr and 'bf16' not in str(jax.make_jaxpr(lambda p: block.apply(p, x))(params))
+  # Close to float32 at bfloat16's precision: LayerNorm-ed outputs of O(1).
+  support.assert_close(mixed, plain, rtol=8 * BF16_EPS, scale=1.0)
+  assert not np.array_equal(mixed, plain)
+
+
+def test_dense_dot_general_leaves_other_contractions_to_lax():
+  x, kernel = _operands(4)
+  dims = (((2,), (0,)), ((), ()))
+  with precision.matmul_precision('bfloat16'):
+    exact = precision.dense_dot_general(x, kernel, dims, preferred_element_type=jnp.float32)
+    batched = precision.dense_dot_general(x, x, (((2,), (2,)), ((0,), (0,))))
+  assert np.array_equal(exact, jax.lax.dot_general(x, kernel, dims))
+  assert np.array_equal(batched, jax.lax.dot_general(x, x, (((2,), (2,)), ((0,), (0,)))))
+
+
+def test_the_context_is_restored_after_an_error():
+  x, kernel = _operands(5)
+  try:
+    with precision.matmul_precision('bfloat16'):
+      raise RuntimeError('inside')
+  except RuntimeError:
+    pass
+  assert np.array_equal(precision.matmul(x, kernel), x @ kernel)
+  dense = nn.Dense(48, dot_general=precision.dense_dot_general)
+  params = dense.init(jax.random.key(1), x)
+  assert np.array_equal(dense.apply(params, x), nn.Dense(48).apply(params, x))
