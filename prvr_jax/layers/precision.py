@@ -8,9 +8,10 @@ through `matmul`) multiply bfloat16 copies of their operands with float32 accumu
 forward pass and in both products of the backward pass. Parameters, the activations between
 layers and the gradients stay float32; the copies kept for the backward pass are bfloat16.
 
-On GPUs and TPUs JAX's 'bfloat16' precision alone already runs every float32 matmul that way.
-XLA's CPU backend ignores the precision of a float32 matmul, and the explicit casts are what
-run the dense layers on a CPU's bfloat16 units (AVX512-BF16, AMX). Measured effect on speed
+The other matmuls (attention scores, similarities) run at JAX's 'bfloat16' precision
+setting: one bfloat16 pass on TPUs, TF32 on recent NVIDIA GPUs; XLA's CPU backend ignores the
+precision of a float32 matmul, so on CPUs the explicit casts of the dense layers are what run
+on the bfloat16 units (AVX512-BF16, AMX). Measured effect on speed
 and accuracy: docs/benchmarks.md ("Mixed precision").
 """
 
