@@ -6,7 +6,7 @@ it is done. glibc's malloc keeps the freed pages in its arenas, and the step's o
 training process holds the compiler's high-water mark on top of the step's memory for the rest
 of its life. `trim_after_compiles()` ends every XLA backend compile with glibc's
 `malloc_trim(0)`. train.py, evaluate.py and the benchmarks turn it on; measured in
-docs/benchmarks.md ("Peak memory").
+docs/training.md ("Memory after compiling").
 """
 
 from collections.abc import Callable

@@ -11,8 +11,8 @@ layers and the gradients stay float32; the copies kept for the backward pass are
 The other matmuls (attention scores, similarities) run at JAX's 'bfloat16' precision
 setting: one bfloat16 pass on TPUs, TF32 on recent NVIDIA GPUs; XLA's CPU backend ignores the
 precision of a float32 matmul, so on CPUs the explicit casts of the dense layers are what run
-on the bfloat16 units (AVX512-BF16, AMX). Measured effect on speed
-and accuracy: docs/benchmarks.md ("Mixed precision").
+on the bfloat16 units (AVX512-BF16, AMX). Measured effect on speed and accuracy:
+docs/benchmarks.md ("Mixed precision").
 """
 
 from collections.abc import Iterator
@@ -63,11 +63,13 @@ def _bf16_matmul_bwd(residuals, grad):
 bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
+def _mixed(x: jax.Array, kernel: jax.Array) -> bool:
+  return _MIXED_DENSE.get() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32
+
+
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [..., D] @ kernel [D, F]`, in mixed precision under `matmul_precision('bfloat16')`."""
-  if _MIXED_DENSE.get() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32:
-    return bf16_matmul(x, kernel)
-  return x @ kernel
+  return bf16_matmul(x, kernel) if _mixed(x, kernel) else x @ kernel
 
 
 def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers,
@@ -75,9 +77,9 @@ def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers,
   """`lax.dot_general` for `nn.Dense(dot_general=...)`: under `matmul_precision('bfloat16')`
   its `x @ kernel` runs as `bf16_matmul`; otherwise exactly `lax.dot_general`."""
   (lhs_contracting, rhs_contracting), batch = dimension_numbers
-  if (_MIXED_DENSE.get() and preferred_element_type is None and not any(batch)
+  if (_mixed(lhs, rhs) and preferred_element_type is None and not any(batch)
       and tuple(lhs_contracting) == (lhs.ndim - 1,) and tuple(rhs_contracting) == (0,)
-      and rhs.ndim == 2 and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32):
+      and rhs.ndim == 2):
     return bf16_matmul(lhs, rhs)
   return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                          preferred_element_type=preferred_element_type)
