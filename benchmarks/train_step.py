@@ -202,7 +202,7 @@ def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, 
   if ran_official:
     official_rate = official['matmul_gflop'] / float(np.median(official['step_s']))
     official_cells = [f'{official["matmul_gflop"]:.0f} / {ours["matmul_gflop"]:.0f}',
-                      f'{official_rate:.0f} ({100 * official_rate / peak:.0f}%)',
+                      f'{official_rate:.0f} ({100 * official_rate / peaks["float32"]:.0f}%)',
                       f'{official["peak_rss_mb"]:.0f}']
   else:
     official_cells = [f'- / {ours["matmul_gflop"]:.0f}', '-', '-']
