@@ -190,25 +190,20 @@ def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, 
   ms = 1e3 * float(np.median(ours['step_s']))
   gflops = ours['gflop'] / (ms / 1e3)
   peak = peaks['bfloat16' if ours['matmul_precision'] == 'bfloat16' else 'float32']
-  cells = [name, str(videos)]
-  if official is None:
-    cells += ['-', f'{ms:.0f}', '-']
-  elif 'error' in official:
-    cells += [f'failed: {official["error"][-200:]}', f'{ms:.0f}', '-']
+  if official is None or 'error' in official:
+    failed = '-' if official is None else f'failed: {official["error"][-200:]}'
+    timing = [failed, f'{ms:.0f}', '-']
+    official_cells = [f'- / {ours["matmul_gflop"]:.0f}', '-', '-']
   else:
-    official_ms = 1e3 * float(np.median(official['step_s']))
-    cells += [f'{official_ms:.0f}', f'{ms:.0f}', f'{official_ms / ms:.2f}x']
-  ran_official = official is not None and 'error' not in official
-  if ran_official:
-    official_rate = official['matmul_gflop'] / float(np.median(official['step_s']))
+    official_s = float(np.median(official['step_s']))
+    official_rate = official['matmul_gflop'] / official_s
+    timing = [f'{1e3 * official_s:.0f}', f'{ms:.0f}', f'{1e3 * official_s / ms:.2f}x']
     official_cells = [f'{official["matmul_gflop"]:.0f} / {ours["matmul_gflop"]:.0f}',
                       f'{official_rate:.0f} ({100 * official_rate / peaks["float32"]:.0f}%)',
                       f'{official["peak_rss_mb"]:.0f}']
-  else:
-    official_cells = [f'- / {ours["matmul_gflop"]:.0f}', '-', '-']
-  cells += [f'{ours["gflop"]:.0f}', f'{gflops:.0f} ({100 * gflops / peak:.0f}%)',
-            *official_cells, f'{ours["peak_rss_mb"]:.0f}',
-            f'{ours["compile_s"]:.0f}']
+  cells = [name, str(videos), *timing, f'{ours["gflop"]:.0f}',
+           f'{gflops:.0f} ({100 * gflops / peak:.0f}%)', *official_cells,
+           f'{ours["peak_rss_mb"]:.0f}', f'{ours["compile_s"]:.0f}']
   return '| ' + ' | '.join(cells) + ' |'
 
 
