@@ -52,6 +52,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
+  host_memory.restart_with_huge_page_malloc()
   flags.mark_flags_as_required(['config', 'workdir'])
   config_lib.check_override_flags(sys.argv)
   app.run(main)

@@ -323,8 +323,11 @@ def _install_shims(torch, source: str, packages: tuple[str, ...]) -> None:
   if source in sys.path:
     sys.path.remove(source)
   sys.path.insert(0, source)
+  # Looked up before any stub goes in: find_spec refuses a stub (it has no __spec__).
+  missing = {package for package in ('ipdb', 'seaborn', 'matplotlib')
+             if package not in sys.modules and importlib.util.find_spec(package) is None}
   for mod_name in ('ipdb', 'seaborn', 'matplotlib', 'matplotlib.pyplot'):
-    if mod_name not in sys.modules and importlib.util.find_spec(mod_name.split('.')[0]) is None:
+    if mod_name.split('.')[0] in missing:
       sys.modules[mod_name] = types.ModuleType(mod_name)
   if isinstance(sys.modules.get('matplotlib'), types.ModuleType) and (
       'matplotlib.pyplot' in sys.modules):

@@ -21,6 +21,9 @@ is its own:
   MS-SL's in autograd anomaly mode as its released loop runs it (`--noofficial_anomaly`:
   without).
 
+Ours runs with glibc's huge-page malloc where train.py would (`host_memory`), the official
+step as its own scripts run it; `--huge_pages=both` gives the official step the same setting.
+
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
 T-MASS-text-video-retrieval). Prints the float32 and
@@ -65,6 +68,10 @@ _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', sys.executable, 'Pytho
                                        'that runs the official step.')
 _ANOMALY = flags.DEFINE_bool('official_anomaly', True, 'Run MS-SL\'s official step in autograd '
                               'anomaly mode, as its released training loop does.')
+_HUGE_PAGES = flags.DEFINE_enum(
+    'huge_pages', 'ours', ['ours', 'both', 'none'], 'Which side runs with glibc\'s huge-page '
+    'malloc (`host_memory.with_huge_page_malloc`): ours as train.py runs it, both sides, or '
+    'neither.')
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also break our step time down by op kind.')
 _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value (e.g. '
                                  'train.matmul_precision=bfloat16), applied to ours; repeatable.')
@@ -135,6 +142,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   if _PROFILE.value:
     result['profile'] = step_profile.breakdown(compiled, run)
   result['peak_rss_mb'] = peak_rss_mb()
+  result['glibc_tunables'] = os.environ.get(host_memory.GLIBC_TUNABLES, '')
   return result
 
 
@@ -155,7 +163,8 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
       threads=os.cpu_count(), detect_anomaly=_ANOMALY.value)
   times = timed(step, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
-          'matmul_gflop': official_train_step.matmul_gflop(step)}
+          'matmul_gflop': official_train_step.matmul_gflop(step),
+          'glibc_tunables': os.environ.get('GLIBC_TUNABLES', '')}
 
 
 # --------------------------------------------------------------------------------- the driver
@@ -176,6 +185,9 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
     command.append(f'--official={_OFFICIAL.value}')
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
+  if _HUGE_PAGES.value in ('both', side):
+    env = host_memory.with_huge_page_malloc(env, host_memory.transparent_huge_page_mode(),
+                                            host_memory.glibc_version()) or env
   done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):
@@ -231,6 +243,7 @@ def main(argv):
                                          'min_seconds': _MIN_SECONDS.value,
                                          'official_anomaly': _ANOMALY.value,
                                          'warmup': _WARMUP.value, 'set': _SET.value,
+                                         'huge_pages': _HUGE_PAGES.value,
                                          'official': _OFFICIAL.value}, 'runs': []}
   rows = []
   for name in _MODELS.value:
