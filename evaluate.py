@@ -13,17 +13,11 @@ order, videos in first-appearance order], float32); with `--plots` also the PNG 
 docs/plots.md. Multi-host flags as train.py.
 """
 
-import sys
-
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from prvr_jax import compilation_cache
-from prvr_jax import config_lib
-from prvr_jax import host_memory
-from prvr_jax import parallel
-from prvr_jax import xla_defaults
+from prvr_jax import launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant] describing the model and the data.', lock_config=True)
@@ -45,17 +39,13 @@ _PLOTS = flags.DEFINE_bool(
     'group, a query x video score heatmap, per-clip relevance against the annotated moment '
     '(models with explicit moments), the training curves of a workdir (docs/plots.md; needs '
     "matplotlib: pip install 'prvr_jax[plots]'). With --checkpoint only.")
-parallel.define_distributed_flags()
-compilation_cache.define_flags()
+launch.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  xla_defaults.apply()
-  parallel.initialize_distributed_from_flags()
-  compilation_cache.enable_from_flags()
-  host_memory.trim_after_compiles()
+  launch.start_from_flags()
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
@@ -72,8 +62,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  host_memory.restart_with_huge_page_malloc()
   flags.mark_flags_as_required(['config'])
   flags.mark_flags_as_mutual_exclusive(['checkpoint', 'index'], required=True)
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)
+  launch.run(main)

@@ -15,11 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from prvr_jax import compilation_cache
-from prvr_jax import config_lib
-from prvr_jax import host_memory
-from prvr_jax import parallel
-from prvr_jax import xla_defaults
+from prvr_jax import launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
@@ -29,17 +25,13 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     'allow_config_change', False, 'Resume a workdir with changed settings (lr, loss weights, '
     'epochs, ...; recorded in config_history.jsonl). Changes to the model or the data stream '
     'are never accepted.')
-parallel.define_distributed_flags()
-compilation_cache.define_flags()
+launch.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  xla_defaults.apply()
-  parallel.initialize_distributed_from_flags()
-  compilation_cache.enable_from_flags()
-  host_memory.trim_after_compiles()
+  launch.start_from_flags()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
   from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top
@@ -52,7 +44,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  host_memory.restart_with_huge_page_malloc()
   flags.mark_flags_as_required(['config', 'workdir'])
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)
+  launch.run(main)

@@ -18,7 +18,7 @@ at a time, and the kernel zeroes each one. With the kernel's transparent huge pa
 `madvise` mode (the common default), glibc's `glibc.malloc.hugetlb=1` tunable asks for 2 MiB
 pages for those mappings: 512 times fewer faults. glibc reads tunables only when a process
 starts, so `restart_with_huge_page_malloc()` re-executes the script with the tunable set.
-Measured in docs/benchmarks.md ("Huge pages for the step's buffers").
+Measured in docs/training.md ("Huge pages for the step's buffers").
 """
 
 from collections.abc import Callable, Mapping
