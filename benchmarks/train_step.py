@@ -70,7 +70,7 @@ _ANOMALY = flags.DEFINE_bool('official_anomaly', True, 'Run MS-SL\'s official st
                               'anomaly mode, as its released training loop does.')
 _HUGE_PAGES = flags.DEFINE_enum(
     'huge_pages', 'ours', ['ours', 'both', 'none'], 'Which side runs with glibc\'s huge-page '
-    'malloc (`host_memory.with_huge_page_malloc`): ours as train.py runs it, both sides, or '
+    'malloc (`host_memory.huge_page_environ`): ours as train.py runs it, both sides, or '
     'neither.')
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also break our step time down by op kind.')
 _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value (e.g. '
@@ -164,7 +164,7 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
   times = timed(step, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
           'matmul_gflop': official_train_step.matmul_gflop(step),
-          'glibc_tunables': os.environ.get('GLIBC_TUNABLES', '')}
+          'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, '')}
 
 
 # --------------------------------------------------------------------------------- the driver
@@ -186,8 +186,7 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
   if _HUGE_PAGES.value in ('both', side):
-    env = host_memory.with_huge_page_malloc(env, host_memory.transparent_huge_page_mode(),
-                                            host_memory.glibc_version()) or env
+    env = host_memory.huge_page_environ(env) or env
   done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):

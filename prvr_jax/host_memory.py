@@ -107,12 +107,17 @@ def with_huge_page_malloc(environ: Mapping[str, str], thp_mode: str | None,
   return {**environ, GLIBC_TUNABLES: ':'.join(filter(None, [tunables, HUGE_PAGE_MALLOC]))}
 
 
+def huge_page_environ(environ: Mapping[str, str]) -> dict[str, str] | None:
+  """`with_huge_page_malloc` for this machine's kernel and C library."""
+  return with_huge_page_malloc(environ, transparent_huge_page_mode(), glibc_version())
+
+
 def restart_with_huge_page_malloc() -> None:
   """Re-executes this process (same interpreter, options and arguments; same pid) with
-  `with_huge_page_malloc`'s environment where that changes anything, else returns. Call it
-  first in a script's `if __name__ == '__main__':` block, before any device starts.
+  `huge_page_environ`'s environment where that changes anything, else returns. Call it first
+  in a script's `if __name__ == '__main__':` block, before any device starts.
   """
-  environ = with_huge_page_malloc(os.environ, transparent_huge_page_mode(), glibc_version())
+  environ = huge_page_environ(os.environ)
   if environ is None or not sys.executable:
     return
   sys.stdout.flush()

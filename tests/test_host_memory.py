@@ -87,8 +87,7 @@ def test_restart_re_executes_once_with_the_same_pid_and_arguments(tmp_path, tuna
   env = {key: value for key, value in os.environ.items() if key != 'GLIBC_TUNABLES'}
   if tunables is not None:
     env['GLIBC_TUNABLES'] = tunables
-  expected = host_memory.with_huge_page_malloc(
-      env, host_memory.transparent_huge_page_mode(), host_memory.glibc_version()) or env
+  expected = host_memory.huge_page_environ(env) or env
   child = subprocess.Popen([sys.executable, '-u', str(script), '--flag=a b', 'x'], env=env,
                            stdout=subprocess.PIPE, text=True)
   out, _ = child.communicate(timeout=120)
