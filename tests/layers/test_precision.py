@@ -41,6 +41,22 @@ def test_bf16_matmul_gradients_are_products_of_rounded_operands():
                        rtol=support.f32_rtol(15))
 
 
+def test_bf16_matmul_runs_jitted_with_one_input_shared_by_stacked_kernels():
+  # GMMBlock's pattern (nn.vmap over branch kernels, the input shared) with a 2-D input: XLA:CPU
+  # once left the kernel gradient's transpose to a dot it cannot run in bfloat16.
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.normal(size=(64, 48)), jnp.float32)
+  kernels = jnp.asarray(rng.normal(size=(3, 48, 32)) / 8, jnp.float32)
+  cotangent = jnp.asarray(rng.normal(size=(3, 64, 32)), jnp.float32)
+  branches = jax.vmap(precision.bf16_matmul, in_axes=(None, 0))
+  grad_x, grad_kernels = jax.jit(lambda x, k: jax.vjp(branches, x, k)[1](cotangent))(x, kernels)
+  g = _rounded(cotangent)
+  support.assert_close(grad_x, np.einsum('kbf,kdf->bd', g, _rounded(kernels)),
+                       rtol=support.f32_rtol(3 * 32))
+  support.assert_close(grad_kernels, np.einsum('bd,kbf->kdf', _rounded(x), g),
+                       rtol=support.f32_rtol(64))
+
+
 def test_float32_dense_layers_are_untouched_and_bfloat16_ones_are_mixed():
   x, _ = _operands(3)
   block = AttentionBlockV2(num_heads=4)
