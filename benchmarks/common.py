@@ -57,11 +57,13 @@ def best_seconds(fn, repeats: int) -> float:
   return best
 
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: Any = jnp.float32) -> float:
-  """Throughput of a jitted `size`^2 matmul in `dtype` (float32 accumulation), GFLOP/s, best of
-  3 runs of `repeats` calls."""
+def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: Any = jnp.float32,
+                       precision: str = 'float32') -> float:
+  """Throughput of a jitted `size`^2 matmul in `dtype` (float32 accumulation) at `precision`
+  ('float32': no TF32 on GPUs; 'tensorfloat32'), GFLOP/s, best of 3 runs of `repeats` calls."""
   a = jnp.ones((size, size), dtype)
-  matmul = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
+  matmul = jax.jit(lambda x: jnp.matmul(x, x, precision=precision,
+                                        preferred_element_type=jnp.float32))
   matmul(a).block_until_ready()
 
   def run():

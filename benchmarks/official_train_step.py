@@ -47,7 +47,8 @@ Runtime shims (no file under PATH is edited):
   empty modules when not installed. T-MASS's `ujson` is the standard `json` when missing.
 * CPU-only torch: `Tensor.cuda` and `Module.cuda` become the identity (the GMMFormer windows
   and AMDNet's `mask_div` call `.cuda()` in the step). With CUDA the code runs as released,
-  on the GPU (model and batch moved with `.cuda()`, as the official mains do; untested here).
+  on the GPU (model and batch moved with `.cuda()`, as the official mains do; T-MASS's
+  trainer moves them itself).
 * `Configs/tvr.py` creates its result folders on import (GMMFormer's under the absolute
   `/data1/...`): it is imported in a throwaway cwd with `os.makedirs` a no-op, and its `cfg`
   dict copied (`get_cfg_defaults`, which writes a yaml, is not called).
@@ -581,6 +582,12 @@ def matmul_gflop(step: Callable[[], float]) -> float:
   with flop_counter.FlopCounterMode(display=False) as counter:
     step()
   return counter.get_total_flops() / 1e9
+
+
+def peak_device_mb() -> float | None:
+  """torch's peak CUDA memory allocated in this process, in MB; None without CUDA."""
+  torch = _import_torch()
+  return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
 
 
 def make_step(name: str, path: str, config_model: Any, batch: dict[str, np.ndarray], *,

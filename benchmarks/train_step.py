@@ -12,7 +12,8 @@ is its own:
 * ours: the jitted train step of `train.make_train_step` (forward, loss, backward, optimiser,
   the state donated) at epoch 0: compile time, the median of at least `--steps` steps and
   `--min_seconds` of them after `--warmup`,
-  FLOPs per step from XLA's cost analysis and the achieved GFLOP/s, the program's size
+  FLOPs per step from XLA's cost analysis (on GPUs it leaves out the cuBLAS matmuls), the
+  matmul FLOPs of the step's jaxpr and their achieved rate, the program's size
   (`step_profile.program_size`: ops, fusions, loops, instructions by phase); with `--profile`, where
   the step's time goes by operation kind and phase (`step_profile.py`);
 * the official step (with `--official`), from a checkout of the authors' code outside this
@@ -26,9 +27,15 @@ step as its own scripts run it; `--huge_pages=both` gives the official step the 
 
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
-T-MASS-text-video-retrieval). Prints the float32 and
-bfloat16 matmul peaks measured in the same run, a table per model (ms/step both sides, the
-speed-up, GFLOP/s and % of peak, peak RSS both sides) and writes every number to `--output`.
+T-MASS-text-video-retrieval). Prints the matmul peaks measured in the same run (float32,
+without TF32 on GPUs; tensorfloat32; bfloat16), a table per model (ms/step both sides, the
+speed-up, matmul GFLOP/s and % of the peak of the precision ours runs at, peak memory both sides) and
+writes every number to `--output`, after every run.
+
+On a GPU both sides run there (the official code moves its model and batch with `.cuda()`);
+peak memory is then the device allocator's (JAX's `peak_bytes_in_use`, torch's
+`max_memory_allocated`), on CPUs the process's peak RSS. Ours runs with the XLA flags train.py
+sets by default (`xla_defaults`).
 """
 
 from collections.abc import Mapping
@@ -46,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import host_memory, models, parallel, train
+from prvr_jax import host_memory, models, parallel, train, xla_defaults
 
 from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
 import step_profile  # benchmarks/step_profile.py
@@ -54,6 +61,11 @@ import step_profile  # benchmarks/step_profile.py
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
 CAPTIONS = {'tmass': 1}
 RESULT = 'RESULT '  # prefix of a worker's JSON line on stdout
+# The driver measures the matmul peaks without taking most of the GPU's memory up front (JAX's
+# default), which would leave the workers too little (XLA then fails to autotune the step's
+# matmuls: "BlasLt is unavailable"); the workers get the user's setting.
+PREALLOCATE = 'XLA_PYTHON_CLIENT_PREALLOCATE'
+_USER_PREALLOCATE = os.environ.get(PREALLOCATE)
 
 _MODELS = flags.DEFINE_list('models', ['gmmformer_v2'], 'Models (configs/<name>.py) to time.')
 _VIDEOS = flags.DEFINE_list('videos', ['16', '32', '64', '128'], 'Batch sizes (videos).')
@@ -95,6 +107,13 @@ def benchmark_batch(name: str, config_model: Any, num_videos: int, seed: int = 0
 
 def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_device_mb() -> float | None:
+  """The accelerator allocator's peak bytes in use, in MB; None on CPUs."""
+  device = jax.devices()[0]
+  stats = device.memory_stats() if device.platform != 'cpu' else None
+  return stats['peak_bytes_in_use'] / 2**20 if stats and 'peak_bytes_in_use' in stats else None
 
 
 def timed(run, warmup: int, steps: int, min_seconds: float) -> list[float]:
@@ -142,6 +161,8 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   if _PROFILE.value:
     result['profile'] = step_profile.breakdown(compiled, run)
   result['peak_rss_mb'] = peak_rss_mb()
+  result['peak_device_mb'] = peak_device_mb()
+  result['xla_flags'] = os.environ.get(xla_defaults.ENV, '')
   result['glibc_tunables'] = os.environ.get(host_memory.GLIBC_TUNABLES, '')
   return result
 
@@ -163,6 +184,7 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
       threads=os.cpu_count(), detect_anomaly=_ANOMALY.value)
   times = timed(step, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
+          'peak_device_mb': official_train_step.peak_device_mb(),
           'matmul_gflop': official_train_step.matmul_gflop(step),
           'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, '')}
 
@@ -185,6 +207,9 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
     command.append(f'--official={_OFFICIAL.value}')
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
+  env.pop(PREALLOCATE, None)
+  if _USER_PREALLOCATE is not None:
+    env[PREALLOCATE] = _USER_PREALLOCATE
   if _HUGE_PAGES.value in ('both', side):
     env = host_memory.huge_page_environ(env) or env
   done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -194,49 +219,71 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
   return {'error': f'{side} worker exited {done.returncode}: {done.stderr.strip()[-2000:]}'}
 
 
+def milliseconds(ms: float) -> str:
+  return f'{ms:.0f}' if ms >= 100 else f'{ms:.3g}'
+
+
+def peak_memory_mb(side: Mapping[str, Any]) -> float:
+  """A worker's peak memory: the accelerator's where it ran on one, else the process's RSS."""
+  device = side.get('peak_device_mb')
+  return side['peak_rss_mb'] if device is None else device
+
+
 def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, Any] | None,
         peaks: Mapping[str, float]) -> str:
   if 'error' in ours:
     return f'| {name} | {videos} | ours failed: {ours["error"][-300:]} |'
   ms = 1e3 * float(np.median(ours['step_s']))
-  gflops = ours['gflop'] / (ms / 1e3)
-  peak = peaks['bfloat16' if ours['matmul_precision'] == 'bfloat16' else 'float32']
+  gflops = ours['matmul_gflop'] / (ms / 1e3)
+  peak = peaks[ours['matmul_precision']]
   if official is None or 'error' in official:
     failed = '-' if official is None else f'failed: {official["error"][-200:]}'
-    timing = [failed, f'{ms:.0f}', '-']
+    timing = [failed, milliseconds(ms), '-']
     official_cells = [f'- / {ours["matmul_gflop"]:.0f}', '-', '-']
   else:
     official_s = float(np.median(official['step_s']))
     official_rate = official['matmul_gflop'] / official_s
-    timing = [f'{1e3 * official_s:.0f}', f'{ms:.0f}', f'{1e3 * official_s / ms:.2f}x']
+    timing = [milliseconds(1e3 * official_s), milliseconds(ms),
+              f'{1e3 * official_s / ms:.2f}x']
     official_cells = [f'{official["matmul_gflop"]:.0f} / {ours["matmul_gflop"]:.0f}',
                       f'{official_rate:.0f} ({100 * official_rate / peaks["float32"]:.0f}%)',
-                      f'{official["peak_rss_mb"]:.0f}']
+                      f'{peak_memory_mb(official):.0f}']
   cells = [name, str(videos), *timing, f'{ours["gflop"]:.0f}',
            f'{gflops:.0f} ({100 * gflops / peak:.0f}%)', *official_cells,
-           f'{ours["peak_rss_mb"]:.0f}', f'{ours["compile_s"]:.0f}']
+           f'{peak_memory_mb(ours):.0f}', f'{ours["compile_s"]:.0f}']
   return '| ' + ' | '.join(cells) + ' |'
 
 
-HEADER = ('| model | videos | official ms/step | ours ms/step | speed-up | GFLOP/step | '
-          'GFLOP/s (% of peak) | matmul GFLOP/step official / ours | official matmul GFLOP/s '
-          '(% of peak) | official peak RSS MB | ours peak RSS MB | ours compile s |\n'
+HEADER = ('| model | videos | official ms/step | ours ms/step | speed-up | XLA GFLOP/step | '
+          'matmul GFLOP/s (% of peak) | matmul GFLOP/step official / ours | official matmul GFLOP/s '
+          '(% of peak) | official peak MB | ours peak MB | ours compile s |\n'
           '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
+
+
+def write_report(report: Mapping[str, Any]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+  with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
+    json.dump(report, f, indent=1)
 
 
 def main(argv):
   del argv
+  xla_defaults.apply()  # as train.py does, before any device is used
   if _WORKER.value:
     result = (run_ours if _WORKER.value == 'ours' else run_official)(_MODEL.value, _BATCH.value)
     print(RESULT + json.dumps(result), flush=True)
     return
+  os.environ[PREALLOCATE] = 'false'
   info = machine()
   size = 2048 if info['platform'] == 'cpu' else 8192
-  peaks = {'float32': matmul_peak_gflops(size), 'bfloat16': matmul_peak_gflops(size,
-                                                                            dtype=jnp.bfloat16)}
+  peaks = {'float32': matmul_peak_gflops(size),
+           'tensorfloat32': matmul_peak_gflops(size, precision='tensorfloat32'),
+           'bfloat16': matmul_peak_gflops(size, dtype=jnp.bfloat16)}
   print(f'{info["cpu"]} ({", ".join(info["cpu_flags"])}), {info["cpu_count"]} cores, '
-        f'{info["device"]}; matmul peak float32 {peaks["float32"]:.0f} GFLOP/s, bfloat16 '
-        f'{peaks["bfloat16"]:.0f} GFLOP/s; load {info["load_average_at_start"]:.1f}', flush=True)
+        f'{info["device"]}; matmul peak GFLOP/s ' + ', '.join(
+            f'{k} {v:.0f}' for k, v in peaks.items()) +
+        f'; load {info["load_average_at_start"]:.1f}; peak memory: '
+        f'{"RSS" if info["platform"] == "cpu" else "device"}', flush=True)
   report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peaks,
                             'settings': {'captions': _CAPTIONS.value, 'steps': _STEPS.value,
                                          'min_seconds': _MIN_SECONDS.value,
@@ -252,8 +299,12 @@ def main(argv):
       ours = spawn('ours', name, videos)
       report['runs'].append({'model': name, 'videos': videos, 'ours': ours,
                              'official': official})
+      if _OUTPUT.value:  # after every run: a run cut short keeps what it measured
+        write_report(report)
       rows.append(row(name, videos, ours, official, peaks))
       print(rows[-1], flush=True)
+      if 'error' in ours:
+        continue
       program = ours['program']
       print(f'  program: {program["stablehlo_ops"]:,} StableHLO ops ({program["dot_generals"]} '
             f'dot_general), optimised {program["fusions"]:,} fusions, {program["while_loops"]} '
@@ -264,9 +315,7 @@ def main(argv):
   report['machine']['load_average_at_end'] = os.getloadavg()[0]
   print(HEADER + '\n' + '\n'.join(rows))
   if _OUTPUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-    with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=1)
+    write_report(report)
     print(f'wrote {_OUTPUT.value}')
 
 
