@@ -64,6 +64,19 @@ def assert_close(actual, expected, rtol: float, *, scale=None, err_msg: str = ''
                              err_msg=err_msg)
 
 
+def all_equations(jaxpr) -> Any:
+  """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom_vjp, lax.map, ...) too."""
+  import jax
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else (param,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          yield from all_equations(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          yield from all_equations(sub)
+
+
 def has_torch() -> bool:
   """Whether torch is installed (the torch-reader tests run only then)."""
   return importlib.util.find_spec('torch') is not None
@@ -153,7 +166,7 @@ def free_port() -> int:
 
 def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
   """(params as numpy, step) of the latest checkpoint of a train.py `workdir`."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   from prvr_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
   params, info = checkpoint.load_params(str(workdir / 'checkpoints'), load_config(config_path),
                                         parallel.make_mesh())

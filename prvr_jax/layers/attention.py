@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers.precision import dense_dot_general, matmul
+from prvr_jax.layers import branches
+from prvr_jax.layers.precision import dense_dot_general
 
 # PyTorch defaults the official code relies on.
 LAYER_NORM_EPS = 1e-5
@@ -62,7 +63,7 @@ class Projection(nn.Module):
     self.bias = self.param('bias', nn.initializers.zeros, (self.features,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return matmul(x, self.kernel) + self.bias
+    return branches.matmul(x, self.kernel) + self.bias
 
 
 def _folding_is_cheaper(num_queries: int, num_keys: int, width: int, num_heads: int) -> bool:
@@ -144,7 +145,7 @@ class AttentionBlockV1(nn.Module):
         x, context, key_mask, window, deterministic, return_probs=True)
     y = dense(x.shape[-1], 'output')(y)
     y = Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    out = layer_norm('norm')(x + y)
+    out = layer_norm('norm')(branches.add(x, y))
     return (out, probs) if return_probs else out
 
 
@@ -164,7 +165,7 @@ class AttentionBlockV2(nn.Module):
     drop = lambda y: Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
         x, context, key_mask, window, deterministic)
-    x = layer_norm('norm1')(x + drop(y))
+    x = layer_norm('norm1')(branches.add(x, drop(y)))
     y = dense(self.ffn_multiplier * width, 'ffn_in')(x)
     y = dense(width, 'ffn_out')(drop(nn.relu(y)))
     return layer_norm('norm2')(x + drop(y))

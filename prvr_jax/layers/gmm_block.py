@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from prvr_jax.layers import branches
 from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, Dropout, dense
 from prvr_jax.layers.windows import stacked_windows
 
@@ -65,15 +66,16 @@ class GMMBlock(nn.Module):
     windows = stacked_windows(self.window, self.widths, length, window_length)
     if window_length is not None:
       windows = windows[:, :, None]  # [K, B, 1, L, L]: broadcast over heads.
-    branches = nn.vmap(
+    branch_blocks = nn.vmap(
         BLOCKS[self.block], in_axes=(None, None, None, 0, None), out_axes=0,
         variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
         axis_size=num_branches)(
             num_heads=self.num_heads, dropout_rate=self.dropout_rate, name=BRANCHES)
-    outputs = branches(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
+    with branches.shared_input():
+      outputs = branch_blocks(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
 
     if self.aggregation == 'average':
-      return jnp.mean(outputs, axis=0)
+      return branches.mean(outputs)
     if self.aggregation == 'weighted':
       logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
       return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))

@@ -38,6 +38,11 @@ def matmul_precision(name: str) -> Iterator[None]:
     _MIXED_DENSE.reset(token)
 
 
+def mixed_dense() -> bool:
+  """Whether the dense layers are traced in mixed precision (`matmul_precision('bfloat16')`)."""
+  return _MIXED_DENSE.get()
+
+
 @jax.custom_vjp
 def bf16_matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [..., D] @ kernel [D, F]` with bfloat16 operands, accumulated and returned in float32."""

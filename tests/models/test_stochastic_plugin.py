@@ -194,14 +194,8 @@ def test_contract_with_text_mass(name):
 
 def _shapes(jaxpr):
   """Every intermediate's shape in a jaxpr, sub-jaxprs (lax.map, jit) included."""
-  for eqn in jaxpr.eqns:
+  for eqn in support.all_equations(jaxpr):
     yield from (v.aval.shape for v in eqn.outvars)
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (list, tuple)) else (param,):
-        if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          yield from _shapes(sub.jaxpr)
-        elif isinstance(sub, jax.extend.core.Jaxpr):
-          yield from _shapes(sub)
 
 
 def _holds_all_pairs_and_samples(jaxpr, num_queries, num_videos, dim):
