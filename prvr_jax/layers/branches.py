@@ -1,35 +1,29 @@
-"""Parallel branches over one shared input in mixed precision: its products and residual adds,
-differentiated without a reduction over the branch axis.
+"""Parallel branches over one shared input in mixed precision: the input's products, one for
+all branches, differentiated without K products and a reduction over the branch axis.
 
 `GMMBlock` runs its K branches as one `nn.vmap` over stacked parameters, every branch reading
 the block's input. In mixed precision (`precision.matmul_precision('bfloat16')`) JAX batches
 the dense layers' bfloat16 product (a `custom_vjp`) branch by branch: the input's gradient is K
 products, one per branch, stacked `[K, ...]` and summed over the branch axis, and XLA's CPU
 backend runs that reduction slowly (YNNPACK: 28 ms for a `[4, 4096, 384]` float32 sum that
-takes 0.6 ms as three adds). Inside `shared_input()`, in mixed precision:
+takes 0.6 ms as three adds). Inside `shared_input()`, in mixed precision, `matmul(x, kernel)`
+with `x` shared and the kernels stacked `[K, D, F]` is one product against the K kernels side by
+side (`[D, K*F]`), whose input gradient is one product contracted over the K branches together.
 
-* `matmul(x, kernel)` with `x` shared and the kernels stacked `[K, D, F]` is one product against
-  the K kernels side by side (`[D, K*F]`); its input gradient is one product contracted over the
-  K branches together;
-* `add(x, y)` with `x` shared and `y` per branch (a residual connection) sums the K gradients of
-  `x` with adds, and `mean` averages over the branches with adds.
-
-In float32 they are the plain `precision.matmul`, `+` and `jnp.mean`: JAX's own batching of a
-float32 product with a shared operand is already one product, and the float32 training steps
-of GMMFormer and GMMFormer v2 were 2-6% slower with these ops (docs/benchmarks.md). Outside
-`shared_input()` they are the plain operations too.
+In float32 it is the plain `precision.matmul`: JAX's own batching of a float32 product with a
+shared operand is already one product, and the float32 training steps of GMMFormer and
+GMMFormer v2 were 2-6% slower with this rule (docs/benchmarks.md). Outside `shared_input()` it
+is the plain product too.
 
 `shared_input()` is for the body of a vmap over the branches only (`GMMBlock` enters it around
-its `nn.vmap`): `matmul` and `add` inside it take their custom batching rule there, and JAX can
-differentiate them only through that rule (`jax.custom_batching.custom_vmap`), so each call must
-have an operand batched over the branches, as the stacked kernels and the per-branch updates
-are.
+its `nn.vmap`): `matmul` inside it takes its own batching rule there, and JAX can differentiate
+it only through that rule (`jax.custom_batching.custom_vmap`), so each call must have its
+kernel batched over the branches, as the stacked parameters are.
 """
 
 from collections.abc import Iterator
 import contextlib
 import contextvars
-import functools
 
 import jax
 from jax.custom_batching import custom_vmap
@@ -42,8 +36,8 @@ _SHARED_INPUT = contextvars.ContextVar('prvr_jax_shared_input', default=False)
 
 @contextlib.contextmanager
 def shared_input() -> Iterator[None]:
-  """Traces the enclosed branches (an `nn.vmap` whose unbatched operands are the shared input)
-  with `matmul` and `add` below; enter it under the precision the branches are traced in."""
+  """Traces the enclosed branches (an `nn.vmap` whose unbatched operand is the shared input)
+  with `matmul` below; enter it under the precision the branches are traced in."""
   token = _SHARED_INPUT.set(precision.mixed_dense())
   try:
     yield
@@ -74,57 +68,8 @@ def _branch_matmul_vmap(axis_size: int, in_batched: list[bool], x: jax.Array,
   return jax.vmap(precision.matmul)(x, kernel), True
 
 
-def sum_by_adds(x: jax.Array) -> jax.Array:
-  """`[K, ...] -> [...]`: the sum over the leading (branch) axis as K - 1 adds, which XLA fuses
-  into one elementwise pass."""
-  total = x[0]
-  for i in range(1, x.shape[0]):
-    total = total + x[i]
-  return total
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _broadcast_summed_by_adds(x: jax.Array, axis_size: int) -> jax.Array:
-  return _broadcast(x, axis_size)
-
-
-def _broadcast_fwd(x, axis_size):
-  return _broadcast(x, axis_size), None
-
-
-def _broadcast_bwd(axis_size, _, grad):
-  return (sum_by_adds(grad),)
-
-
-_broadcast_summed_by_adds.defvjp(_broadcast_fwd, _broadcast_bwd)
-
-
-@custom_vmap
-def _branch_add(x: jax.Array, y: jax.Array) -> jax.Array:
-  return x + y
-
-
-@_branch_add.def_vmap
-def _branch_add_vmap(axis_size: int, in_batched: list[bool], x: jax.Array,
-                     y: jax.Array) -> tuple[jax.Array, bool]:
-  x_batched, y_batched = in_batched
-  x = x if x_batched else _broadcast_summed_by_adds(x, axis_size)
-  y = y if y_batched else _broadcast_summed_by_adds(y, axis_size)
-  return x + y, True
-
-
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [..., D] @ kernel [D, F]` (`precision.matmul`); inside `shared_input()` in mixed
   precision, under the branches' vmap, one product for a shared `x` against the stacked kernels."""
   return _branch_matmul(x, kernel) if _SHARED_INPUT.get() else precision.matmul(x, kernel)
 
-
-def mean(x: jax.Array) -> jax.Array:
-  """`[K, ...] -> [...]`, the mean over the branches; in mixed precision with adds."""
-  return sum_by_adds(x) / x.shape[0] if precision.mixed_dense() else jnp.mean(x, axis=0)
-
-
-def add(x: jax.Array, y: jax.Array) -> jax.Array:
-  """`x + y`; inside `shared_input()` in mixed precision, under the branches' vmap, a shared
-  operand's gradient is summed over the branches with adds."""
-  return _branch_add(x, y) if _SHARED_INPUT.get() else x + y

@@ -75,7 +75,7 @@ class GMMBlock(nn.Module):
       outputs = branch_blocks(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
 
     if self.aggregation == 'average':
-      return branches.mean(outputs)
+      return jnp.mean(outputs, axis=0)
     if self.aggregation == 'weighted':
       logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
       return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))

@@ -1,5 +1,5 @@
-"""Parallel branches over a shared input in mixed precision (prvr_jax.layers.branches), and
-GMMBlock's use of them."""
+"""The products of parallel branches over a shared input in mixed precision
+(prvr_jax.layers.branches), and GMMBlock's use of them."""
 
 import jax
 import jax.numpy as jnp
@@ -19,18 +19,18 @@ def _rounded(x):
   return np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
 
 
-def _branches_vjp(op, x, y, precision_name='bfloat16'):
-  """`op` vmapped over K branches with `x` shared, traced inside `shared_input()`."""
-  def run(x, y):
+def _branches_vjp(x, kernels, precision_name='bfloat16'):
+  """`branches.matmul` vmapped over the K kernels with `x` shared, inside `shared_input()`."""
+  def run(x, kernels):
     with precision.matmul_precision(precision_name), branches.shared_input():
-      return jax.vmap(op, in_axes=(None, 0))(x, y)
-  return jax.jit(lambda x, y: jax.vjp(run, x, y))(x, y)
+      return jax.vmap(branches.matmul, in_axes=(None, 0))(x, kernels)
+  return jax.jit(lambda x, k: jax.vjp(run, x, k))(x, kernels)
 
 
 def test_shared_input_matmul_multiplies_rounded_operands_and_its_gradients_too():
   x, kernels = _normal(0, (2, 6, 16)), _normal(1, (3, 16, 8), 0.25)
   cotangent = _normal(2, (3, 2, 6, 8))
-  out, vjp = _branches_vjp(branches.matmul, x, kernels)
+  out, vjp = _branches_vjp(x, kernels)
   grad_x, grad_kernels = vjp(cotangent)
   x16, k16, g16 = _rounded(x), _rounded(kernels), _rounded(cotangent)
   support.assert_close(out, np.einsum('bld,kdf->kblf', x16, k16), rtol=support.f32_rtol(16))
@@ -39,30 +39,16 @@ def test_shared_input_matmul_multiplies_rounded_operands_and_its_gradients_too()
                        rtol=support.f32_rtol(12))
 
 
-def test_shared_operand_of_add_gets_the_sum_of_the_branch_gradients():
-  x, y, cotangent = _normal(3, (4, 5)), _normal(4, (3, 4, 5)), _normal(5, (3, 4, 5))
-  out, vjp = _branches_vjp(branches.add, x, y)
-  grad_x, grad_y = vjp(cotangent)
-  support.assert_close(out, x[None] + y, rtol=support.f32_rtol(1))
-  support.assert_close(grad_x, np.sum(np.asarray(cotangent, np.float64), 0),
-                       rtol=support.f32_rtol(3))
-  np.testing.assert_array_equal(grad_y, cotangent)
-  support.assert_close(branches.sum_by_adds(y), np.sum(np.asarray(y, np.float64), 0),
-                       rtol=support.f32_rtol(3))
-
-
-def test_in_float32_and_outside_a_vmap_they_are_the_plain_operations():
+def test_in_float32_and_outside_shared_input_it_is_the_plain_product():
   x, kernels = _normal(6, (2, 6, 16)), _normal(7, (3, 16, 8))
-  out, _ = _branches_vjp(branches.matmul, x, kernels, precision_name='float32')
+  out, _ = _branches_vjp(x, kernels, precision_name='float32')
   np.testing.assert_array_equal(out, jax.jit(jax.vmap(jnp.matmul, in_axes=(None, 0)))(x, kernels))
-  np.testing.assert_array_equal(branches.mean(kernels), jnp.mean(kernels, axis=0))
   with precision.matmul_precision('bfloat16'):
     # Outside `shared_input()` (the encoders' attention uses the same layers): the plain
     # mixed-precision product, differentiable.
     grad = jax.grad(lambda x: jnp.sum(branches.matmul(x, kernels[0])))(x)
     np.testing.assert_array_equal(branches.matmul(x, kernels[0]),
                                   precision.bf16_matmul(x, kernels[0]))
-    np.testing.assert_array_equal(branches.add(x, x), x + x)
   support.assert_close(grad, jnp.broadcast_to(_rounded(kernels[0]).sum(-1), x.shape),
                        rtol=support.f32_rtol(8))
 
@@ -78,9 +64,9 @@ def _block_and_inputs(block_name):
                                                   ('v2', AttentionBlockV2)])
 def test_mixed_precision_gmm_block_gradients_equal_separately_applied_branches(block_name,
                                                                               block_cls):
-  """In mixed precision, input and parameter gradients of the vmapped branches (shared-input
-  products and adds) equal those of K blocks applied one by one with the sliced weights (the
-  same bfloat16 roundings), averaged."""
+  """In mixed precision, input and parameter gradients of the vmapped branches (with the
+  shared-input products) equal those of K blocks applied one by one with the sliced weights
+  (the same bfloat16 roundings), averaged."""
   block, params, x, mask, widths = _block_and_inputs(block_name)
   windows = stacked_windows('gaussian', widths, 12)
   single = block_cls(num_heads=2)
@@ -119,17 +105,17 @@ def _gradient_equations(block_name, precision_name):
 
 
 @pytest.mark.parametrize('block_name', ['v1', 'v2'])
-def test_mixed_precision_gradient_has_no_reduction_over_the_branches(block_name):
-  """The shared input's gradient is summed inside its products and by adds: the gradient
-  program reduces no `[K, B, L, D]` array over its branch axis, and the input gradient of each
-  projection of the shared input is one product contracted over the K branches at once."""
+def test_mixed_precision_input_gradient_is_one_product_per_projection(block_name):
+  """The input gradient of each projection of the shared input (query, key, value) is one
+  product contracted over the K branches at once, not K products summed over the branches."""
   num_branches, width = 3, 8
-  equations = _gradient_equations(block_name, 'bfloat16')
-  branch_sums = [e for e in equations if e.primitive.name in ('reduce_sum', 'reduce')
-                 and e.invars[0].aval.shape[:1] == (num_branches,)
-                 and e.invars[0].aval.ndim == 4 and 0 in e.params['axes']]
-  assert not branch_sums, branch_sums
+  block, params, x, mask, _ = _block_and_inputs(block_name)
+  def grad(params, x):
+    with precision.matmul_precision('bfloat16'):
+      return jax.grad(lambda p, x: jnp.sum(block.apply(p, x, mask) ** 2), argnums=(0, 1))(
+          params, x)
+  equations = support.all_equations(jax.make_jaxpr(grad)(params, x).jaxpr)
   contracted_over_branches = [
       e for e in equations if e.primitive.name == 'dot_general'
       and e.invars[0].aval.shape[e.params['dimension_numbers'][0][0][0]] == num_branches * width]
-  assert len(contracted_over_branches) == 3  # input gradients of the query, key, value products
+  assert len(contracted_over_branches) == 3
