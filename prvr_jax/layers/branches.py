@@ -12,8 +12,8 @@ side (`[D, K*F]`), whose input gradient is one product contracted over the K bra
 
 In float32 it is the plain `precision.matmul`: JAX's own batching of a float32 product with a
 shared operand is already one product, and the float32 training steps of GMMFormer and
-GMMFormer v2 were 2-6% slower with this rule (docs/benchmarks.md). Outside `shared_input()` it
-is the plain product too.
+GMMFormer v2 gained nothing with this rule (2-6% slower, within the run-to-run spread;
+docs/benchmarks.md). Outside `shared_input()` it is the plain product too.
 
 `shared_input()` is for the body of a vmap over the branches only (`GMMBlock` enters it around
 its `nn.vmap`): `matmul` inside it takes its own batching rule there, and JAX can differentiate
