@@ -92,7 +92,7 @@ bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def _mixed(x: jax.Array, kernel: jax.Array) -> bool:
-  return _MIXED_DENSE.get() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32
+  return mixed_dense() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
