@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import branches
+from prvr_jax.layers import precision
 from prvr_jax.layers.precision import dense_dot_general
 
 # PyTorch defaults the official code relies on.
@@ -110,7 +111,7 @@ class MultiHeadAttention(nn.Module):
       logits = (jnp.einsum('bqhe,bke->bhqk', q_keys, keys)
                 + jnp.einsum('bqhd,hd->bhq', q, split(key_proj.bias))[..., None])
     else:
-      logits = jnp.einsum('bqhd,bkhd->bhqk', q, split(key_proj(keys)))
+      logits = precision.einsum('bqhd,bkhd->bhqk', q, split(key_proj(keys)))
     logits = logits / math.sqrt(head_dim)
     if window is not None:
       logits = logits * window
@@ -123,7 +124,7 @@ class MultiHeadAttention(nn.Module):
       out = (jnp.einsum('bqhe,ehd->bqhd', attended, split(value_proj.kernel))
              + jnp.einsum('bhqk,hd->bqhd', probs, split(value_proj.bias)))
     else:
-      out = jnp.einsum('bhqk,bkhd->bqhd', probs, split(value_proj(keys)))
+      out = precision.einsum('bhqk,bkhd->bqhd', probs, split(value_proj(keys)))
     out = out.reshape(out.shape[:-2] + (width,))
     return (out, attention) if return_probs else out
 

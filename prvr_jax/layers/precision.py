@@ -4,20 +4,22 @@ Every jitted function of the library traces its model under `matmul_precision(na
 train step with `config.train.matmul_precision`, evaluation, index search and plots with
 `config.eval.matmul_precision`). It sets JAX's default matmul precision to `name`, and with
 'bfloat16' the dense layers (`nn.Dense` through `dense_dot_general`, the attention projections
-through `matmul`) multiply bfloat16 copies of their operands with float32 accumulation, in the
-forward pass and in both products of the backward pass. Parameters, the activations between
-layers and the gradients stay float32; the copies kept for the backward pass are bfloat16.
+through `matmul`) and attention's scores and weighted values (`einsum`) multiply bfloat16
+copies of their operands with float32 accumulation, in the forward pass and in both products of
+the backward pass. Parameters, the activations between layers and the gradients stay float32;
+the copies kept for the backward pass are bfloat16.
 
-The other matmuls (attention scores, similarities) run at JAX's 'bfloat16' precision
-setting: one bfloat16 pass on TPUs, TF32 on recent NVIDIA GPUs; XLA's CPU backend ignores the
-precision of a float32 matmul, so on CPUs the explicit casts of the dense layers are what run
-on the bfloat16 units (AVX512-BF16, AMX). Measured effect on speed and accuracy:
-docs/benchmarks.md ("Mixed precision").
+The other matmuls (similarities, losses) run at JAX's 'bfloat16' precision setting: one
+bfloat16 pass on TPUs, TF32 on recent NVIDIA GPUs; XLA's CPU backend ignores the precision of a
+float32 matmul, so on CPUs the explicit casts above are what run on the bfloat16 units
+(AVX512-BF16, AMX). Measured effect on speed and accuracy: docs/benchmarks.md ("Mixed
+precision").
 """
 
 from collections.abc import Iterator
 import contextlib
 import contextvars
+import functools
 
 import jax
 from jax import lax
@@ -91,6 +93,65 @@ def _bf16_matmul_bwd(residuals, grad):
 bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
+def _bf16_product(x_term: str, x16: jax.Array, y_term: str, y16: jax.Array,
+                  out_term: str) -> jax.Array:
+  """`einsum(x_term,y_term->out_term)` of bfloat16 operands in float32, as one `dot_general`.
+
+  XLA:CPU runs bfloat16 x bfloat16 -> float32 products only in YNNPACK, which takes no
+  transposed left operand, and its fallback kernel has none ('Unsupported element type for
+  DotThunk'). A left operand whose batch indices lead and whose contracted ones are not last
+  can reach the product as such (`bhqk` contracted over `q` into `bkhd`: the product does not
+  run), so the left operand is one whose contracted indices are last, else one that XLA must
+  copy into place anyway (batch indices not leading: `bqhd`).
+  """
+  batch = [i for i in x_term if i in y_term and i in out_term]
+  contracted = [i for i in x_term if i in y_term and i not in out_term]
+
+  def transposed_left(term: str) -> int:  # 0: ready, 1: copied by XLA, 2: may be transposed
+    if contracted and term.endswith(''.join(i for i in term if i in contracted)):
+      return 0
+    return 2 if set(term[:len(batch)]) == set(batch) else 1
+
+  if transposed_left(y_term) < transposed_left(x_term):
+    x_term, x16, y_term, y16 = y_term, y16, x_term, x16
+  dims = (([x_term.index(i) for i in contracted], [y_term.index(i) for i in contracted]),
+          ([x_term.index(i) for i in batch], [y_term.index(i) for i in batch]))
+  product = lax.dot_general(x16, y16, dims, preferred_element_type=jnp.float32)
+  product_term = ''.join(batch) + ''.join(i for i in x_term + y_term if i not in batch + contracted)
+  return jnp.transpose(product, [product_term.index(i) for i in out_term])
+
+
+def _einsum_terms(spec: str) -> tuple[str, str, str]:
+  inputs, out_term = spec.split('->')
+  a_term, b_term = inputs.split(',')
+  return a_term, b_term, out_term
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def bf16_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  """`jnp.einsum(spec, a, b)` of two operands with bfloat16 copies of them, accumulated and
+  returned in float32, as are both products of its gradient. Each index of `spec` (no
+  ellipsis) must be in exactly two of its three terms."""
+  return _bf16_einsum_fwd(spec, a, b)[0]
+
+
+def _bf16_einsum_fwd(spec, a, b):
+  a_term, b_term, out_term = _einsum_terms(spec)
+  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return _bf16_product(a_term, a16, b_term, b16, out_term), (a16, b16)
+
+
+def _bf16_einsum_bwd(spec, residuals, grad):
+  a_term, b_term, out_term = _einsum_terms(spec)
+  a16, b16 = residuals
+  grad16 = grad.astype(jnp.bfloat16)
+  return (_bf16_product(out_term, grad16, b_term, b16, a_term),
+          _bf16_product(out_term, grad16, a_term, a16, b_term))
+
+
+bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
+
+
 def _mixed(x: jax.Array, kernel: jax.Array) -> bool:
   return mixed_dense() and x.dtype == jnp.float32 and kernel.dtype == jnp.float32
 
@@ -98,6 +159,11 @@ def _mixed(x: jax.Array, kernel: jax.Array) -> bool:
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [..., D] @ kernel [D, F]`, in mixed precision under `matmul_precision('bfloat16')`."""
   return bf16_matmul(x, kernel) if _mixed(x, kernel) else x @ kernel
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  """`jnp.einsum(spec, a, b)`, as `bf16_einsum` under `matmul_precision('bfloat16')`."""
+  return bf16_einsum(spec, a, b) if _mixed(a, b) else jnp.einsum(spec, a, b)
 
 
 def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers,

@@ -57,6 +57,46 @@ def test_bf16_matmul_runs_jitted_with_one_input_shared_by_stacked_kernels():
                        rtol=support.f32_rtol(64))
 
 
+# Attention's two products, `[B, L, H, Dh]` queries/keys/values and `[B, H, Lq, Lk]` weights.
+ATTENTION_EINSUMS = (('bqhd,bkhd->bhqk', (2, 16, 2, 8), (2, 12, 2, 8)),
+                     ('bhqk,bkhd->bqhd', (2, 2, 16, 12), (2, 12, 2, 8)))
+
+
+def test_bf16_einsum_and_its_gradients_are_products_of_rounded_operands():
+  # Jitted: on CPUs one of the four gradient products, in the other operand order, is one XLA
+  # cannot run in bfloat16 ('Unsupported element type for DotThunk').
+  rng = np.random.default_rng(6)
+  for spec, a_shape, b_shape in ATTENTION_EINSUMS:
+    a, b = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in (a_shape, b_shape))
+    out, vjp = jax.vjp(jax.jit(lambda a, b, spec=spec: precision.bf16_einsum(spec, a, b)), a, b)
+    cotangent = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+    grad_a, grad_b = jax.jit(vjp)(cotangent)
+    assert out.dtype == grad_a.dtype == grad_b.dtype == jnp.float32
+    inputs, output = spec.split('->')
+    a_term, b_term = inputs.split(',')
+    g = _rounded(cotangent)
+    support.assert_close(out, np.einsum(spec, _rounded(a), _rounded(b)),
+                         rtol=support.f32_rtol(a_shape[-1]))
+    support.assert_close(grad_a, np.einsum(f'{output},{b_term}->{a_term}', g, _rounded(b)),
+                         rtol=support.f32_rtol(16))
+    support.assert_close(grad_b, np.einsum(f'{output},{a_term}->{b_term}', g, _rounded(a)),
+                         rtol=support.f32_rtol(16))
+
+
+def test_attention_scores_and_weighted_values_are_mixed_only_in_bfloat16():
+  x, _ = _operands(7, shape=(2, 16, 64))
+  block = AttentionBlockV2(num_heads=4)
+  params = block.init(jax.random.key(0), x)
+  def products(name):
+    with precision.matmul_precision(name):
+      jaxpr = jax.make_jaxpr(lambda p: block.apply(p, x))(params)
+    return [(str(e.invars[0].aval.dtype), str(e.invars[1].aval.dtype))
+            for e in support.all_equations(jaxpr) if e.primitive.name == 'dot_general'
+            and e.invars[0].aval.ndim == 4]
+  assert products('bfloat16') and set(products('bfloat16')) == {('bfloat16', 'bfloat16')}
+  assert products('float32') and set(products('float32')) == {('float32', 'float32')}
+
+
 def test_float32_dense_layers_are_untouched_and_bfloat16_ones_are_mixed():
   x, _ = _operands(3)
   block = AttentionBlockV2(num_heads=4)
