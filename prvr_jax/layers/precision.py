@@ -122,16 +122,22 @@ def _bf16_product(x_term: str, x16: jax.Array, y_term: str, y16: jax.Array,
 
 
 def _einsum_terms(spec: str) -> tuple[str, str, str]:
-  inputs, out_term = spec.split('->')
-  a_term, b_term = inputs.split(',')
-  return a_term, b_term, out_term
+  """(a, b, output) terms of a two-operand `spec` whose every index is in two or three terms."""
+  inputs, _, out_term = spec.partition('->')
+  terms = (*inputs.split(','), out_term)
+  indices = ''.join(terms)
+  if (len(terms) != 3 or not indices.isalpha()
+      or any(indices.count(i) < 2 or len(set(t)) != len(t) for t in terms for i in t)):
+    raise ValueError(f'bf16_einsum takes two operands, each index in two or all three terms '
+                     f'and once per term, as in "bqhd,bkhd->bhqk"; got {spec!r}')
+  return terms
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def bf16_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   """`jnp.einsum(spec, a, b)` of two operands with bfloat16 copies of them, accumulated and
   returned in float32, as are both products of its gradient. Each index of `spec` (no
-  ellipsis) must be in exactly two of its three terms."""
+  ellipsis) must be in two or all three of its terms, once per term."""
   return _bf16_einsum_fwd(spec, a, b)[0]
 
 

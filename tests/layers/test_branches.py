@@ -109,13 +109,7 @@ def test_mixed_precision_input_gradient_is_one_product_per_projection(block_name
   """The input gradient of each projection of the shared input (query, key, value) is one
   product contracted over the K branches at once, not K products summed over the branches."""
   num_branches, width = 3, 8
-  block, params, x, mask, _ = _block_and_inputs(block_name)
-  def grad(params, x):
-    with precision.matmul_precision('bfloat16'):
-      return jax.grad(lambda p, x: jnp.sum(block.apply(p, x, mask) ** 2), argnums=(0, 1))(
-          params, x)
-  equations = support.all_equations(jax.make_jaxpr(grad)(params, x).jaxpr)
   contracted_over_branches = [
-      e for e in equations if e.primitive.name == 'dot_general'
+      e for e in _gradient_equations(block_name, 'bfloat16') if e.primitive.name == 'dot_general'
       and e.invars[0].aval.shape[e.params['dimension_numbers'][0][0][0]] == num_branches * width]
   assert len(contracted_over_branches) == 3

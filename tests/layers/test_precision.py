@@ -1,9 +1,12 @@
 """Mixed precision of the dense layers (prvr_jax.layers.precision)."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import support
 from prvr_jax.layers import precision
@@ -81,6 +84,13 @@ def test_bf16_einsum_and_its_gradients_are_products_of_rounded_operands():
                          rtol=support.f32_rtol(16))
     support.assert_close(grad_b, np.einsum(f'{output},{a_term}->{b_term}', g, _rounded(a)),
                          rtol=support.f32_rtol(16))
+
+
+def test_bf16_einsum_names_a_spec_it_cannot_take():
+  x = jnp.ones((2, 3), jnp.float32)
+  for spec in ('ij,jk', 'ij,jk->i', 'ij,jk,kl->il', 'ii,ij->j', 'i...,ij->j'):
+    with pytest.raises(ValueError, match=re.escape(repr(spec))):
+      precision.bf16_einsum(spec, x, x)
 
 
 def test_attention_scores_and_weighted_values_are_mixed_only_in_bfloat16():
