@@ -75,7 +75,9 @@ class GMMBlock(nn.Module):
       outputs = branch_blocks(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
 
     if self.aggregation == 'average':
-      return jnp.mean(outputs, axis=0)
+      # A contraction, not `jnp.mean(outputs, 0)`: XLA:CPU reduces over a leading axis slowly
+      # (GMMFormer, 64 videos: 190 ms of op time per step as reductions, under 21 as products).
+      return jnp.einsum('kbld,k->bld', outputs, jnp.full((num_branches,), 1.0 / num_branches))
     if self.aggregation == 'weighted':
       logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
       return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))

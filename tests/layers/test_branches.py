@@ -109,7 +109,10 @@ def test_mixed_precision_input_gradient_is_one_product_per_projection(block_name
   """The input gradient of each projection of the shared input (query, key, value) is one
   product contracted over the K branches at once, not K products summed over the branches."""
   num_branches, width = 3, 8
+  def first_contracted_size(e):
+    (lhs_contracting, _), _ = e.params['dimension_numbers']
+    return e.invars[0].aval.shape[lhs_contracting[0]] if lhs_contracting else None
   contracted_over_branches = [
-      e for e in _gradient_equations(block_name, 'bfloat16') if e.primitive.name == 'dot_general'
-      and e.invars[0].aval.shape[e.params['dimension_numbers'][0][0][0]] == num_branches * width]
+      e for e in _gradient_equations(block_name, 'bfloat16')
+      if e.primitive.name == 'dot_general' and first_contracted_size(e) == num_branches * width]
   assert len(contracted_over_branches) == 3

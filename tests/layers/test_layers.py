@@ -148,6 +148,12 @@ def test_gmm_branches_are_independent_blocks():
   support.assert_close(block.apply(params, x, mask), np.mean(outputs, 0),
                        rtol=support.f32_rtol(12, ops=6))
   assert not np.allclose(outputs[0], outputs[1])
+  # The average is a product over the branch axis, not a reduction (slow on XLA:CPU).
+  equations = list(support.all_equations(jax.make_jaxpr(block.apply)(params, x, mask).jaxpr))
+  assert not [e for e in equations if e.primitive.name in ('reduce_sum', 'reduce_mean')
+              and 0 in e.params['axes'] and e.invars[0].aval.shape[0] == len(widths)]
+  assert [e for e in equations if e.primitive.name == 'dot_general'
+          and e.invars[0].aval.shape[:1] == (len(widths),) and e.invars[0].aval.ndim == 4]
 
 
 def test_temporal_consolidation_weights_sum_to_one():
