@@ -77,7 +77,9 @@ class GMMBlock(nn.Module):
     if self.aggregation == 'average':
       # A contraction, not `jnp.mean(outputs, 0)`: XLA:CPU reduces over a leading axis slowly
       # (GMMFormer, 64 videos: 190 ms of op time per step as reductions, under 21 as products).
-      return jnp.einsum('kbld,k->bld', outputs, jnp.full((num_branches,), 1.0 / num_branches))
+      # HIGHEST keeps it a float32 mean under a bfloat16 default precision on accelerators.
+      return jnp.einsum('kbld,k->bld', outputs, jnp.full((num_branches,), 1.0 / num_branches),
+                        precision=jax.lax.Precision.HIGHEST)
     if self.aggregation == 'weighted':
       logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
       return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))

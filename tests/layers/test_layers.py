@@ -9,7 +9,7 @@ import pytest
 
 import support
 from prvr_jax.layers import (AGGREGATIONS, AttentionBlockV1, AttentionBlockV2, GMMBlock,
-                             MultiHeadAttention, constraint_window, stacked_windows)
+                             MultiHeadAttention, constraint_window, precision, stacked_windows)
 
 # float32 Gaussian windows (max 1) vs the float64 formula. The distances between grid points
 # carry float32 rounding (~1 ulp), which the window amplifies by |dw/dd| = w |d| / sigma^2 <=
@@ -148,12 +148,16 @@ def test_gmm_branches_are_independent_blocks():
   support.assert_close(block.apply(params, x, mask), np.mean(outputs, 0),
                        rtol=support.f32_rtol(12, ops=6))
   assert not np.allclose(outputs[0], outputs[1])
-  # The average is a product over the branch axis, not a reduction (slow on XLA:CPU).
-  equations = list(support.all_equations(jax.make_jaxpr(block.apply)(params, x, mask).jaxpr))
-  assert not [e for e in equations if e.primitive.name in ('reduce_sum', 'reduce_mean')
+  # The average is a product over the branch axis, not a reduction (slow on XLA:CPU), and a
+  # float32 one in mixed precision too.
+  with precision.matmul_precision('bfloat16'):
+    jaxpr = jax.make_jaxpr(block.apply)(params, x, mask).jaxpr
+  equations = list(support.all_equations(jaxpr))
+  assert not [e for e in equations if e.primitive.name == 'reduce_sum'
               and 0 in e.params['axes'] and e.invars[0].aval.shape[0] == len(widths)]
-  assert [e for e in equations if e.primitive.name == 'dot_general'
-          and e.invars[0].aval.shape[:1] == (len(widths),) and e.invars[0].aval.ndim == 4]
+  averages = [e for e in equations if e.primitive.name == 'dot_general'
+              and (len(widths),) in [v.aval.shape for v in e.invars]]
+  assert [e.params['precision'] for e in averages] == [(jax.lax.Precision.HIGHEST,) * 2]
 
 
 def test_temporal_consolidation_weights_sum_to_one():
