@@ -74,15 +74,16 @@ class GMMBlock(nn.Module):
     with branches.shared_input():
       outputs = branch_blocks(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
 
-    if self.aggregation == 'average':
-      # A contraction, not `jnp.mean(outputs, 0)`: XLA:CPU reduces over a leading axis slowly
-      # (GMMFormer, 64 videos: 190 ms of op time per step as reductions, under 21 as products).
-      # HIGHEST keeps it a float32 mean under a bfloat16 default precision on accelerators.
-      return jnp.einsum('kbld,k->bld', outputs, jnp.full((num_branches,), 1.0 / num_branches),
-                        precision=jax.lax.Precision.HIGHEST)
-    if self.aggregation == 'weighted':
-      logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
-      return jnp.einsum('kbld,k->bld', outputs, jax.nn.softmax(logits / self.temperature))
+    if self.aggregation in ('average', 'weighted'):
+      if self.aggregation == 'average':
+        weights = jnp.full((num_branches,), 1.0 / num_branches)
+      else:
+        logits = self.param('branch_logits', nn.initializers.zeros, (num_branches,))
+        weights = jax.nn.softmax(logits / self.temperature)
+      # A contraction even for the mean: XLA:CPU reduces over a leading axis slowly (GMMFormer,
+      # 64 videos: 190 ms of op time per step as reductions, under 21 as products). HIGHEST
+      # keeps it float32 under a bfloat16 default precision on accelerators.
+      return jnp.einsum('kbld,k->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
 
     if query_token is None:
       raise ValueError(f'aggregation {self.aggregation!r} needs the learnable query token')
