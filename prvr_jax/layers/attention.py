@@ -146,7 +146,7 @@ class AttentionBlockV1(nn.Module):
         x, context, key_mask, window, deterministic, return_probs=True)
     y = dense(x.shape[-1], 'output')(y)
     y = Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    out = layer_norm('norm')(x + y)
+    out = layer_norm('norm')(branches.add(x, y))
     return (out, probs) if return_probs else out
 
 
@@ -166,7 +166,7 @@ class AttentionBlockV2(nn.Module):
     drop = lambda y: Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
         x, context, key_mask, window, deterministic)
-    x = layer_norm('norm1')(x + drop(y))
+    x = layer_norm('norm1')(branches.add(x, drop(y)))
     y = dense(self.ffn_multiplier * width, 'ffn_in')(x)
     y = dense(width, 'ffn_out')(drop(nn.relu(y)))
     return layer_norm('norm2')(x + drop(y))

@@ -1,29 +1,36 @@
-"""Parallel branches over one shared input in mixed precision: the input's products, one for
-all branches, differentiated without K products and a reduction over the branch axis.
+"""Parallel branches over one shared input: the input's gradient without a reduction over the
+branch axis, which XLA's CPU backend runs slowly (YNNPACK: 28 ms for a `[4, 4096, 384]` float32
+sum that takes 0.6 ms as three adds).
 
 `GMMBlock` runs its K branches as one `nn.vmap` over stacked parameters, every branch reading
-the block's input. In mixed precision (`precision.matmul_precision('bfloat16')`) JAX batches
-the dense layers' bfloat16 product (a `custom_vjp`) branch by branch: the input's gradient is K
-products, one per branch, stacked `[K, ...]` and summed over the branch axis, and XLA's CPU
-backend runs that reduction slowly (YNNPACK: 28 ms for a `[4, 4096, 384]` float32 sum that
-takes 0.6 ms as three adds). Inside `shared_input()`, in mixed precision, `matmul(x, kernel)`
-with `x` shared and the kernels stacked `[K, D, F]` is one product against the K kernels side by
-side (`[D, K*F]`), whose input gradient is one product contracted over the K branches together.
+the block's input `x`, and JAX differentiates an unbatched operand of a batched operation with a
+sum of the K branches' cotangents over the leading axis. Inside `shared_input()`:
 
-In float32 it is the plain `precision.matmul`: JAX's own batching of a float32 product with a
-shared operand is already one product, and the float32 training steps of GMMFormer and
-GMMFormer v2 gained nothing with this rule (2-6% slower, within the run-to-run spread;
-docs/benchmarks.md). Outside `shared_input()` it is the plain product too.
+* `add(x, y)` (the blocks' residual `x + y`) broadcasts a shared `x` to the branches with a
+  gradient that sums them as a product (`sum_over_branches`), in every precision. GMMFormer,
+  64 videos: the four residual sums sat in the fused input-gradient products of the blocks
+  (311 and 229 ms of op time for two of them, against about 120 for their products alone);
+  one frame GMMBlock's training step took 10-17% less in mixed precision, 5-12% less in float32.
+* `matmul(x, kernel)` in mixed precision (`precision.matmul_precision('bfloat16')`), with `x`
+  shared and the kernels stacked `[K, D, F]`, is one product against the K kernels side by
+  side (`[D, K*F]`), whose input gradient is one product contracted over the K branches
+  together. JAX would batch the dense layers' bfloat16 product (a `custom_vjp`) branch by
+  branch: K input-gradient products stacked `[K, ...]` and summed over the branch axis. In
+  float32 it is the plain `precision.matmul`: JAX's own batching of a float32 product with a
+  shared operand is already one product, and the float32 steps of GMMFormer and GMMFormer v2
+  gained nothing with this rule (2-6% slower, within the run-to-run spread; docs/benchmarks.md).
 
-`shared_input()` is for the body of a vmap over the branches only (`GMMBlock` enters it around
-its `nn.vmap`): `matmul` inside it takes its own batching rule there, and JAX can differentiate
-it only through that rule (`jax.custom_batching.custom_vmap`), so each call must have its
-kernel batched over the branches, as the stacked parameters are.
+Outside `shared_input()` both are the plain operations. `shared_input()` is for the body of a
+vmap over the branches only (`GMMBlock` enters it around its `nn.vmap`): inside it `add` and
+`matmul` take their own batching rules, and JAX can differentiate them only through those rules
+(`jax.custom_batching.custom_vmap`), so each call must have an operand batched over the branches
+(the stacked parameters, or a branch's own activations).
 """
 
 from collections.abc import Iterator
 import contextlib
 import contextvars
+import functools
 
 import jax
 from jax.custom_batching import custom_vmap
@@ -37,16 +44,53 @@ _SHARED_INPUT = contextvars.ContextVar('prvr_jax_shared_input', default=False)
 @contextlib.contextmanager
 def shared_input() -> Iterator[None]:
   """Traces the enclosed branches (an `nn.vmap` whose unbatched operand is the shared input)
-  with `matmul` below; enter it under the precision the branches are traced in."""
-  token = _SHARED_INPUT.set(precision.mixed_dense())
+  with `add` and `matmul` below."""
+  token = _SHARED_INPUT.set(True)
   try:
     yield
   finally:
     _SHARED_INPUT.reset(token)
 
 
+def sum_over_branches(stacked: jax.Array, weights: jax.Array) -> jax.Array:
+  """`sum_k weights[k] * stacked[k]` for `stacked [K, ...]`, as a product (GMMFormer, 64 videos:
+  its four branch averages took 190 ms of op time per step as reductions, under 21 ms as
+  products). HIGHEST keeps it a float32 sum under a bfloat16 default precision on accelerators."""
+  return jnp.tensordot(weights, stacked, axes=(0, 0), precision=jax.lax.Precision.HIGHEST)
+
+
 def _broadcast(x: jax.Array, axis_size: int) -> jax.Array:
   return jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _broadcast_to_branches(x: jax.Array, axis_size: int) -> jax.Array:
+  """`[...] -> [K, ...]`, differentiated with `sum_over_branches`."""
+  return _broadcast(x, axis_size)
+
+
+def _broadcast_to_branches_fwd(x, axis_size):
+  return _broadcast(x, axis_size), None
+
+
+def _broadcast_to_branches_bwd(axis_size, _, cotangent):
+  return (sum_over_branches(cotangent, jnp.ones((axis_size,), cotangent.dtype)),)
+
+
+_broadcast_to_branches.defvjp(_broadcast_to_branches_fwd, _broadcast_to_branches_bwd)
+
+
+@custom_vmap
+def _branch_add(x: jax.Array, y: jax.Array) -> jax.Array:
+  return x + y
+
+
+@_branch_add.def_vmap
+def _branch_add_vmap(axis_size: int, in_batched: list[bool], x: jax.Array,
+                     y: jax.Array) -> tuple[jax.Array, bool]:
+  x, y = (v if batched else _broadcast_to_branches(v, axis_size)
+          for v, batched in zip((x, y), in_batched))
+  return x + y, True
 
 
 @custom_vmap
@@ -68,8 +112,15 @@ def _branch_matmul_vmap(axis_size: int, in_batched: list[bool], x: jax.Array,
   return jax.vmap(precision.matmul)(x, kernel), True
 
 
+def add(x: jax.Array, y: jax.Array) -> jax.Array:
+  """`x + y`; inside `shared_input()`, under the branches' vmap, an operand shared by the
+  branches (the residual input) gets its gradient summed over them by `sum_over_branches`."""
+  return _branch_add(x, y) if _SHARED_INPUT.get() else x + y
+
+
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [..., D] @ kernel [D, F]` (`precision.matmul`); inside `shared_input()` in mixed
   precision, under the branches' vmap, one product for a shared `x` against the stacked kernels."""
-  return _branch_matmul(x, kernel) if _SHARED_INPUT.get() else precision.matmul(x, kernel)
-
+  if _SHARED_INPUT.get() and precision.mixed_dense():
+    return _branch_matmul(x, kernel)
+  return precision.matmul(x, kernel)

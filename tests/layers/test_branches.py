@@ -53,6 +53,33 @@ def test_in_float32_and_outside_shared_input_it_is_the_plain_product():
                        rtol=support.f32_rtol(8))
 
 
+def _branch_axis_sums(equations, num_branches):
+  return [e for e in equations if e.primitive.name == 'reduce_sum' and 0 in e.params['axes']
+          and e.invars[0].aval.shape[0] == num_branches]
+
+
+@pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
+def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name):
+  """`add` with the residual shared by the branches: the plain sum, whose gradient for the
+  shared operand is the sum of the branches' cotangents, computed as one float32 product."""
+  x, y = _normal(3, (2, 6, 16)), _normal(4, (3, 2, 6, 16))
+  cotangent = _normal(5, (3, 2, 6, 16))
+  def run(x, y):
+    with precision.matmul_precision(precision_name), branches.shared_input():
+      return jax.vmap(branches.add, in_axes=(None, 0))(x, y)
+  out, vjp = jax.vjp(run, x, y)
+  grad_x, grad_y = vjp(cotangent)
+  np.testing.assert_array_equal(out, x[None] + y)
+  np.testing.assert_array_equal(grad_y, cotangent)
+  support.assert_close(grad_x, np.sum(np.asarray(cotangent, np.float64), 0),
+                       rtol=support.f32_rtol(3))
+  equations = list(support.all_equations(
+      jax.make_jaxpr(lambda x, y, g: jax.vjp(run, x, y)[1](g))(x, y, cotangent).jaxpr))
+  assert not _branch_axis_sums(equations, 3)
+  sums = [e for e in equations if e.primitive.name == 'dot_general']
+  assert [e.params['precision'] for e in sums] == [(jax.lax.Precision.HIGHEST,) * 2]
+
+
 def _block_and_inputs(block_name):
   x, mask = _normal(11, (2, 12, 8)), jnp.ones((2, 12)).at[0, 7:].set(0)
   widths = (None, 0.5, 5.0)  # 3 x 8 features: no other axis of the blocks has 24 entries
@@ -60,13 +87,14 @@ def _block_and_inputs(block_name):
   return block, block.init(jax.random.key(0), x, mask), x, mask, widths
 
 
+@pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
 @pytest.mark.parametrize('block_name,block_cls', [('v1', AttentionBlockV1),
                                                   ('v2', AttentionBlockV2)])
-def test_mixed_precision_gmm_block_gradients_equal_separately_applied_branches(block_name,
-                                                                              block_cls):
-  """In mixed precision, input and parameter gradients of the vmapped branches (with the
-  shared-input products) equal those of K blocks applied one by one with the sliced weights
-  (the same bfloat16 roundings), averaged."""
+def test_gmm_block_gradients_equal_separately_applied_branches(block_name, block_cls,
+                                                               precision_name):
+  """Input and parameter gradients of the vmapped branches (with the shared-input residual
+  and, in mixed precision, products) equal those of K blocks applied one by one with the
+  sliced weights (the same bfloat16 roundings in mixed precision), averaged."""
   block, params, x, mask, widths = _block_and_inputs(block_name)
   windows = stacked_windows('gaussian', widths, 12)
   single = block_cls(num_heads=2)
@@ -83,7 +111,7 @@ def test_mixed_precision_gmm_block_gradients_equal_separately_applied_branches(b
 
   def grads(loss):
     def run(params, x):
-      with precision.matmul_precision('bfloat16'):
+      with precision.matmul_precision(precision_name):
         return jax.grad(loss, argnums=(0, 1))(params, x)
     return jax.jit(run)(params, x)
 
@@ -116,3 +144,11 @@ def test_mixed_precision_input_gradient_is_one_product_per_projection(block_name
       e for e in _gradient_equations(block_name, 'bfloat16')
       if e.primitive.name == 'dot_general' and first_contracted_size(e) == num_branches * width]
   assert len(contracted_over_branches) == 3
+
+
+@pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('block_name', ['v1', 'v2'])
+def test_gmm_block_gradient_sums_nothing_over_the_branch_axis(block_name, precision_name):
+  """No gradient of the block reduces over its K branches (XLA:CPU's slow leading-axis sum):
+  the residual's and the projections' input gradients are products."""
+  assert not _branch_axis_sums(_gradient_equations(block_name, precision_name), 3)
