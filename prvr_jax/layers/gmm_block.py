@@ -85,12 +85,14 @@ class GMMBlock(nn.Module):
     if query_token is None:
       raise ValueError(f'aggregation {self.aggregation!r} needs the learnable query token')
     cross = AttentionBlockV2(self.num_heads, self.dropout_rate, ffn_multiplier=1, name='cross')
+    # The learned mixtures below are float32 sums of the branch outputs too (HIGHEST), as the
+    # activations between layers are in every precision mode.
     if self.aggregation == 'dynamic':
       tokens = cross(jnp.broadcast_to(query_token, (batch, 1, width)), x, key_mask,
                      deterministic=deterministic)[:, 0]
       logits = self._mix(tokens, num_branches, deterministic)  # [B, K]
       weights = jax.nn.softmax(logits / self.temperature, axis=-1)
-      return jnp.einsum('kbld,bk->bld', outputs, weights)
+      return jnp.einsum('kbld,bk->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
     # Temporal consolidation: the same cross block attends over every branch output.
     flat_outputs = outputs.reshape(num_branches * batch, length, width)
     flat_mask = None if key_mask is None else jnp.tile(key_mask, (num_branches, 1))
@@ -99,7 +101,7 @@ class GMMBlock(nn.Module):
     tokens = tokens.reshape(num_branches, batch, width).transpose(1, 0, 2)  # [B, K, D]
     logits = self._mix(tokens, length, deterministic)  # [B, K, L]
     weights = jax.nn.softmax(logits / self.temperature, axis=1)
-    return jnp.einsum('kbld,bkl->bld', outputs, weights)
+    return jnp.einsum('kbld,bkl->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
 
   def _mix(self, tokens: jax.Array, features: int, deterministic: bool) -> jax.Array:
     """Linear -> ReLU -> Dropout -> Linear(features), shared by the learned aggregations."""

@@ -148,16 +148,31 @@ def test_gmm_branches_are_independent_blocks():
   support.assert_close(block.apply(params, x, mask), np.mean(outputs, 0),
                        rtol=support.f32_rtol(12, ops=6))
   assert not np.allclose(outputs[0], outputs[1])
-  # The average is a product over the branch axis, not a reduction (slow on XLA:CPU), and a
-  # float32 one in mixed precision too.
+  # The average is a product over the branch axis, not a reduction (slow on XLA:CPU).
   with precision.matmul_precision('bfloat16'):
     jaxpr = jax.make_jaxpr(block.apply)(params, x, mask).jaxpr
   equations = list(support.all_equations(jaxpr))
   assert not [e for e in equations if e.primitive.name == 'reduce_sum'
               and 0 in e.params['axes'] and e.invars[0].aval.shape[0] == len(widths)]
-  averages = [e for e in equations if e.primitive.name == 'dot_general'
-              and (len(widths),) in [v.aval.shape for v in e.invars]]
-  assert [e.params['precision'] for e in averages] == [(jax.lax.Precision.HIGHEST,) * 2]
+  assert [e for e in equations if e.primitive.name == 'dot_general'
+          and (len(widths),) in [v.aval.shape for v in e.invars]]
+
+
+@pytest.mark.parametrize('aggregation', AGGREGATIONS)
+def test_every_aggregation_is_a_float32_sum_in_mixed_precision(aggregation):
+  """The branch outputs are combined at HIGHEST precision, so that a bfloat16 default matmul
+  precision on accelerators does not round the block's output."""
+  x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 6, 8)), jnp.float32)
+  block = GMMBlock(widths=(None, 1.0, 3.0), num_heads=2, block='v2', aggregation=aggregation)
+  token = jnp.ones(8)
+  params = block.init(jax.random.key(0), x, None, None, token)
+  with precision.matmul_precision('bfloat16'):
+    jaxpr = jax.make_jaxpr(lambda p: block.apply(p, x, None, None, token))(params).jaxpr
+  mixtures = [e for e in support.all_equations(jaxpr) if e.primitive.name == 'dot_general'
+              and (3, 2, 6, 8) in [v.aval.shape for v in e.invars]
+              and e.outvars[0].aval.shape == x.shape]
+  assert len(mixtures) == 1
+  assert mixtures[0].params['precision'] == (jax.lax.Precision.HIGHEST,) * 2
 
 
 def test_temporal_consolidation_weights_sum_to_one():
