@@ -10,7 +10,7 @@ sum of the K branches' cotangents over the leading axis. Inside `shared_input()`
   gradient that sums them as a product (`sum_over_branches`), in every precision. GMMFormer,
   64 videos: the four residual sums sat in the fused input-gradient products of the blocks
   (311 and 229 ms of op time for two of them, against about 120 for their products alone);
-  one frame GMMBlock's training step took 10-17% less in mixed precision, 5-12% less in float32.
+  one frame GMMBlock's training step took 9-18% less in mixed precision, 5-12% less in float32.
 * `matmul(x, kernel)` in mixed precision (`precision.matmul_precision('bfloat16')`), with `x`
   shared and the kernels stacked `[K, D, F]`, is one product against the K kernels side by
   side (`[D, K*F]`), whose input gradient is one product contracted over the K branches

@@ -30,7 +30,8 @@ class InputProjection(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-  """x + learned position embedding -> LayerNorm -> Dropout: `[B, L, D] -> [B, L, D]`, L <= max_len."""
+  """x + learned position embedding -> LayerNorm -> Dropout: `[B, L, D] -> [B, L, D]`,
+  L <= max_len."""
   max_len: int
   dropout_rate: float = 0.0
 

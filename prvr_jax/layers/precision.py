@@ -11,9 +11,9 @@ the copies kept for the backward pass are bfloat16.
 
 The other matmuls (similarities, losses) run at JAX's 'bfloat16' precision setting: one
 bfloat16 pass on TPUs, TF32 on recent NVIDIA GPUs (GMMBlock's mixtures of its branch outputs
-stay float32 sums at HIGHEST); XLA's CPU backend ignores the precision of a float32 matmul, so on CPUs the explicit casts above are what run on the bfloat16 units
-(AVX512-BF16, AMX). Measured effect on speed and accuracy: docs/benchmarks.md ("Mixed
-precision").
+stay float32 sums at HIGHEST); XLA's CPU backend ignores the precision of a float32 matmul, so
+on CPUs the explicit casts above are what run on the bfloat16 units (AVX512-BF16, AMX).
+Measured effect on speed and accuracy: docs/benchmarks.md ("Mixed precision").
 """
 
 from collections.abc import Iterator
