@@ -77,6 +77,13 @@ def all_equations(jaxpr) -> Any:
           yield from all_equations(sub)
 
 
+def leading_axis_sums(equations, axis_size: int) -> list:
+  """The `reduce_sum` equations among `equations` that sum over a leading axis of `axis_size`
+  (a GMMBlock's branch axis: XLA's CPU backend runs such a sum slowly)."""
+  return [e for e in equations if e.primitive.name == 'reduce_sum' and 0 in e.params['axes']
+          and e.invars[0].aval.shape[0] == axis_size]
+
+
 def has_torch() -> bool:
   """Whether torch is installed (the torch-reader tests run only then)."""
   return importlib.util.find_spec('torch') is not None

@@ -107,8 +107,8 @@ def _branch_matmul_vmap(axis_size: int, in_batched: list[bool], x: jax.Array,
     side_by_side = jnp.moveaxis(kernel, 0, 1).reshape(width, axis_size * features)
     y = precision.matmul(x, side_by_side).reshape(x.shape[:-1] + (axis_size, features))
     return jnp.moveaxis(y, -2, 0), True
-  x = x if x_batched else _broadcast(x, axis_size)
-  kernel = kernel if kernel_batched else _broadcast(kernel, axis_size)
+  x = x if x_batched else _broadcast_to_branches(x, axis_size)
+  kernel = kernel if kernel_batched else _broadcast_to_branches(kernel, axis_size)
   return jax.vmap(precision.matmul)(x, kernel), True
 
 

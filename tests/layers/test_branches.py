@@ -53,11 +53,6 @@ def test_in_float32_and_outside_shared_input_it_is_the_plain_product():
                        rtol=support.f32_rtol(8))
 
 
-def _branch_axis_sums(equations, num_branches):
-  return [e for e in equations if e.primitive.name == 'reduce_sum' and 0 in e.params['axes']
-          and e.invars[0].aval.shape[0] == num_branches]
-
-
 @pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
 def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name):
   """`add` with the residual shared by the branches: the plain sum, whose gradient for the
@@ -75,9 +70,25 @@ def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name)
                        rtol=support.f32_rtol(3))
   equations = list(support.all_equations(
       jax.make_jaxpr(lambda x, y, g: jax.vjp(run, x, y)[1](g))(x, y, cotangent).jaxpr))
-  assert not _branch_axis_sums(equations, 3)
+  assert not support.leading_axis_sums(equations, 3)
   sums = [e for e in equations if e.primitive.name == 'dot_general']
   assert [e.params['precision'] for e in sums] == [(jax.lax.Precision.HIGHEST,) * 2]
+
+
+def test_shared_kernel_gradient_is_a_product_over_the_branches():
+  """`matmul` of branch-batched inputs with one kernel shared by the branches, in mixed
+  precision: the kernel's gradient sums the branches without a leading-axis reduction."""
+  xs, kernel = _normal(8, (3, 2, 6, 16)), _normal(9, (16, 8), 0.25)
+  def run(xs, kernel):
+    with precision.matmul_precision('bfloat16'), branches.shared_input():
+      return jax.vmap(branches.matmul, in_axes=(0, None))(xs, kernel)
+  cotangent = _normal(10, (3, 2, 6, 8))
+  grad_kernel = jax.vjp(run, xs, kernel)[1](cotangent)[1]
+  support.assert_close(grad_kernel, np.einsum('kbld,kblf->df', _rounded(xs), _rounded(cotangent)),
+                       rtol=support.f32_rtol(36))
+  equations = support.all_equations(
+      jax.make_jaxpr(lambda xs, k, g: jax.vjp(run, xs, k)[1](g))(xs, kernel, cotangent).jaxpr)
+  assert not support.leading_axis_sums(list(equations), 3)
 
 
 def _block_and_inputs(block_name):
@@ -151,4 +162,4 @@ def test_mixed_precision_input_gradient_is_one_product_per_projection(block_name
 def test_gmm_block_gradient_sums_nothing_over_the_branch_axis(block_name, precision_name):
   """No gradient of the block reduces over its K branches (XLA:CPU's slow leading-axis sum):
   the residual's and the projections' input gradients are products."""
-  assert not _branch_axis_sums(_gradient_equations(block_name, precision_name), 3)
+  assert not support.leading_axis_sums(_gradient_equations(block_name, precision_name), 3)
