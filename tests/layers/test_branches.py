@@ -53,6 +53,12 @@ def test_in_float32_and_outside_shared_input_it_is_the_plain_product():
                        rtol=support.f32_rtol(8))
 
 
+def _vjp_equations(run, a, b, cotangent):
+  """Every equation of `run`'s backward pass at `(a, b)` against `cotangent`."""
+  jaxpr = jax.make_jaxpr(lambda a, b, g: jax.vjp(run, a, b)[1](g))(a, b, cotangent).jaxpr
+  return list(support.all_equations(jaxpr))
+
+
 @pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
 def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name):
   """`add` with the residual shared by the branches: the plain sum, whose gradient for the
@@ -68,8 +74,7 @@ def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name)
   np.testing.assert_array_equal(grad_y, cotangent)
   support.assert_close(grad_x, np.sum(np.asarray(cotangent, np.float64), 0),
                        rtol=support.f32_rtol(3))
-  equations = list(support.all_equations(
-      jax.make_jaxpr(lambda x, y, g: jax.vjp(run, x, y)[1](g))(x, y, cotangent).jaxpr))
+  equations = _vjp_equations(run, x, y, cotangent)
   assert not support.leading_axis_sums(equations, 3)
   sums = [e for e in equations if e.primitive.name == 'dot_general']
   assert [e.params['precision'] for e in sums] == [(jax.lax.Precision.HIGHEST,) * 2]
@@ -86,9 +91,7 @@ def test_shared_kernel_gradient_is_a_product_over_the_branches():
   grad_kernel = jax.vjp(run, xs, kernel)[1](cotangent)[1]
   support.assert_close(grad_kernel, np.einsum('kbld,kblf->df', _rounded(xs), _rounded(cotangent)),
                        rtol=support.f32_rtol(36))
-  equations = support.all_equations(
-      jax.make_jaxpr(lambda xs, k, g: jax.vjp(run, xs, k)[1](g))(xs, kernel, cotangent).jaxpr)
-  assert not support.leading_axis_sums(list(equations), 3)
+  assert not support.leading_axis_sums(_vjp_equations(run, xs, kernel, cotangent), 3)
 
 
 def _block_and_inputs(block_name):
