@@ -46,7 +46,7 @@ def _threefry_key_words(key: jax.Array) -> tuple[jax.Array, jax.Array] | None:
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     impl, data = str(jax.random.key_impl(key)), jax.random.key_data(key)
   else:
-    impl, data = jax.config.jax_default_prng_impl, key
+    impl, data = getattr(jax.config, 'jax_default_prng_impl', 'threefry2x32'), key
   return (data[0], data[1]) if impl == 'threefry2x32' else None
 
 
@@ -54,7 +54,8 @@ def uint32_words(key: jax.Array, count: int) -> jax.Array:
   """`jax.random.bits(key, (count,), jnp.uint32)` -> `[count]` uint32, unrolled where the key
   is threefry's and JAX draws partitionable threefry bits."""
   key_words = _threefry_key_words(key)
-  if key_words is None or count >= 2**32 or not jax.config.jax_threefry_partitionable:
+  partitionable = getattr(jax.config, 'jax_threefry_partitionable', True)  # the only layout later
+  if key_words is None or count >= 2**32 or not partitionable:
     return jax.random.bits(key, (count,), jnp.uint32)
   index = jax.lax.iota(jnp.uint32, count)
   high, low = threefry2x32(key_words, (jnp.zeros_like(index), index))

@@ -40,10 +40,14 @@ def test_words_under_vmap_match_each_key():
     np.testing.assert_array_equal(words, jax.random.bits(key, (33,), jnp.uint32))
 
 
-def test_other_key_implementations_fall_back_to_jax():
+def test_other_key_implementations_and_layouts_fall_back_to_jax():
   key = jax.random.key(5, impl='rbg')
   np.testing.assert_array_equal(random_bits.uint32_words(key, 100),
                                 jax.random.bits(key, (100,), jnp.uint32))
+  with jax.threefry_partitionable(False):  # the other layout gives other words for a count > 1
+    key = jax.random.key(5)
+    np.testing.assert_array_equal(random_bits.uint32_words(key, 101),
+                                  jax.random.bits(key, (101,), jnp.uint32))
 
 
 def test_dropout_keeps_its_masks():
