@@ -54,7 +54,8 @@ def uint32_words(key: jax.Array, count: int) -> jax.Array:
   """`jax.random.bits(key, (count,), jnp.uint32)` -> `[count]` uint32, unrolled where the key
   is threefry's and JAX draws partitionable threefry bits."""
   key_words = _threefry_key_words(key)
-  partitionable = getattr(jax.config, 'jax_threefry_partitionable', True)  # the only layout later
+  # JAX's default layout, and the one to assume should JAX drop the flag.
+  partitionable = getattr(jax.config, 'jax_threefry_partitionable', True)
   if key_words is None or count >= 2**32 or not partitionable:
     return jax.random.bits(key, (count,), jnp.uint32)
   index = jax.lax.iota(jnp.uint32, count)
