@@ -24,14 +24,28 @@ MASKED_LOGIT = -10000.0
 dense_init = nn.initializers.normal(stddev=0.02)
 
 
+def _through_packed_bits(mask: jax.Array) -> jax.Array:
+  """`[N, 32]` bool -> the same values, `[N * 32]`, read back from 32-bit words.
+
+  XLA fuses a cheap elementwise producer into every consumer, so a mask built from random words
+  would have its 20 threefry rounds recomputed in each fusion that reads it: dropout's forward,
+  its backward, and each consumer of the dropped activations (2.7x the words a GMMFormer v2 step
+  needs). XLA:CPU drops optimisation barriers, but it does not duplicate a reduction: packing the
+  mask into words with one makes every consumer read 1 stored bit per element instead.
+  """
+  lanes = jax.lax.iota(jnp.uint32, 32)
+  words = jnp.sum(mask.astype(jnp.uint32) << lanes, axis=1, dtype=jnp.uint32)
+  return ((words[:, None] >> lanes) & 1).astype(bool).reshape(-1)
+
+
 class Dropout(nn.Module):
   """Inverted dropout that draws 16 random bits per element, two elements per 32-bit word.
 
   Random-bit generation dominates dropout on CPUs (about 40% of a GMMFormer v2 training step
   with `nn.Dropout`'s one word per element); this halves it. The words are those of
   `jax.random.bits`, computed by `random_bits.uint32_words` in the same fused pass as the mask
-  instead of in JAX's CPU loop. Elements are kept with probability `1 - rate` rounded to a
-  multiple of 2^-16 and scaled by `1 / (1 - rate)`.
+  instead of in JAX's CPU loop, once per element (`_through_packed_bits`). Elements are kept
+  with probability `1 - rate` rounded to a multiple of 2^-16 and scaled by `1 / (1 - rate)`.
   """
   rate: float
 
@@ -41,9 +55,11 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    words = random_bits.uint32_words(self.make_rng('dropout'), (x.size + 1) // 2)
-    bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:x.size]
-    keep = bits.reshape(x.shape) >= jnp.uint16(round(self.rate * 65536))
+    padded_size = -(-x.size // 32) * 32
+    words = random_bits.uint32_words(self.make_rng('dropout'), padded_size // 2)
+    bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(padded_size // 32, 32)
+    keep = _through_packed_bits(bits >= jnp.uint16(round(self.rate * 65536)))
+    keep = keep[:x.size].reshape(x.shape)
     return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
