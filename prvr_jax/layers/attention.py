@@ -7,6 +7,7 @@
   `ffn_multiplier=1` with a separate query input is v2's temporal-consolidation cross-attention.
 """
 
+from collections.abc import Callable
 import math
 
 import flax.linen as nn
@@ -24,18 +25,23 @@ MASKED_LOGIT = -10000.0
 dense_init = nn.initializers.normal(stddev=0.02)
 
 
-def _through_packed_bits(mask: jax.Array) -> jax.Array:
-  """`[N, 32]` bool -> the same values, `[N * 32]`, read back from 32-bit words.
+def _keep_mask(words: jax.Array, threshold: int) -> jax.Array:
+  """`[16, W]` uint32 random words -> `[32 W]` bool: element `2k + h` kept where half `h` (low
+  half first) of the `k`-th word (row-major) is at least `threshold`.
 
   XLA fuses a cheap elementwise producer into every consumer, so a mask built from random words
   would have its 20 threefry rounds recomputed in each fusion that reads it: dropout's forward,
   its backward, and each consumer of the dropped activations (2.7x the words a GMMFormer v2 step
-  needs). XLA:CPU drops optimisation barriers, but it does not duplicate a reduction: packing the
-  mask into words with one makes every consumer read 1 stored bit per element instead.
+  needs). XLA:CPU drops optimisation barriers, but it does not duplicate a reduction: the mask
+  is packed into 32-bit words by one, over the leading axis so that each word is hashed once
+  for both its halves, and every consumer reads 1 stored bit per element instead.
   """
-  lanes = jax.lax.iota(jnp.uint32, 32)
-  words = jnp.sum(mask.astype(jnp.uint32) << lanes, axis=1, dtype=jnp.uint32)
-  return ((words[:, None] >> lanes) & 1).astype(bool).reshape(-1)
+  lanes = 2 * jax.lax.iota(jnp.uint32, 16)[:, None]
+  low_kept = ((words & 0xFFFF) >= threshold).astype(jnp.uint32)
+  high_kept = ((words >> 16) >= threshold).astype(jnp.uint32)
+  packed = jnp.sum((low_kept << lanes) | (high_kept << (lanes + 1)), axis=0, dtype=jnp.uint32)
+  shifts = lanes[:, :, None] + jax.lax.iota(jnp.uint32, 2)
+  return ((packed[:, None] >> shifts) & 1).astype(bool).reshape(-1)
 
 
 class Dropout(nn.Module):
@@ -44,8 +50,8 @@ class Dropout(nn.Module):
   Random-bit generation dominates dropout on CPUs (about 40% of a GMMFormer v2 training step
   with `nn.Dropout`'s one word per element); this halves it. The words are those of
   `jax.random.bits`, computed by `random_bits.uint32_words` in the same fused pass as the mask
-  instead of in JAX's CPU loop, once per element (`_through_packed_bits`). Elements are kept
-  with probability `1 - rate` rounded to a multiple of 2^-16 and scaled by `1 / (1 - rate)`.
+  instead of in JAX's CPU loop, once per word (`_keep_mask`). Elements are kept with
+  probability `1 - rate` rounded to a multiple of 2^-16 and scaled by `1 / (1 - rate)`.
   """
   rate: float
 
@@ -55,10 +61,9 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    padded_size = -(-x.size // 32) * 32
-    words = random_bits.uint32_words(self.make_rng('dropout'), padded_size // 2)
-    bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(padded_size // 32, 32)
-    keep = _through_packed_bits(bits >= jnp.uint16(round(self.rate * 65536)))
+    packed_words = -(-x.size // 32)
+    words = random_bits.uint32_words(self.make_rng('dropout'), 16 * packed_words)
+    keep = _keep_mask(words.reshape(16, packed_words), round(self.rate * 65536))
     keep = keep[:x.size].reshape(x.shape)
     return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
@@ -77,21 +82,28 @@ class Projection(nn.Module):
   hand out its weights, for attention that folds a projection into the other operand."""
   in_features: int
   features: int
+  kernel_init: Callable[..., jax.Array] = dense_init
 
   def setup(self):
-    self.kernel = self.param('kernel', dense_init, (self.in_features, self.features))
+    self.kernel = self.param('kernel', self.kernel_init, (self.in_features, self.features))
     self.bias = self.param('bias', nn.initializers.zeros, (self.features,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return branches.matmul(x, self.kernel) + self.bias
 
 
-def _folding_is_cheaper(num_queries: int, num_keys: int, width: int, num_heads: int) -> bool:
-  """Whether folding the key (and value) projection into the query side takes fewer
-  multiply-adds: `Lq D^2 + H Lq Lk D` (q W_k^T per head, then against every key) against
-  `Lk D^2 + Lq Lk D` (project every key, then the per-head dots)."""
-  return (num_queries * (width + num_heads * num_keys)
-          < num_keys * (width + num_queries))
+def folding_is_cheaper(num_folded: int, num_other: int, width: int, num_heads: int) -> bool:
+  """Whether a `[D, D]` projection between per-head dots takes fewer multiply-adds applied per
+  head at full width to the `num_folded` rows, which then meet the `num_other` rows at width D,
+  `Nf D^2 + H Nf No D`, than applied to the `num_other` rows before the per-head dots,
+  `No D^2 + Nf No D`.
+
+  Attention's key and value projections: the queries fold (`q W_k^T` per head, then against
+  the raw keys). X-Pool's output projection: the frames' values fold (`v W_o` per head, then
+  pooled), instead of projecting every pooled (text, video) pair.
+  """
+  return (num_folded * (width + num_heads * num_other)
+          < num_other * (width + num_folded))
 
 
 class MultiHeadAttention(nn.Module):
@@ -124,7 +136,7 @@ class MultiHeadAttention(nn.Module):
     query_proj, key_proj, value_proj = (Projection(width, width, name=n)
                                         for n in ('query', 'key', 'value'))
     q = split(query_proj(queries))
-    fold = _folding_is_cheaper(queries.shape[-2], keys.shape[-2], width, self.num_heads)
+    fold = folding_is_cheaper(queries.shape[-2], keys.shape[-2], width, self.num_heads)
     if fold:  # logits = (q W_k^T) . x + q . b_k
       q_keys = jnp.einsum('bqhd,ehd->bqhe', q, split(key_proj.kernel))  # [B, Lq, H, D]
       logits = (jnp.einsum('bqhe,bke->bhqk', q_keys, keys)

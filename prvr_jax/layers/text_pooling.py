@@ -5,7 +5,10 @@
 
 One LayerNorm (LN1) is shared by the text and the frames; the softmax runs over a video's
 frames; every projection starts as the identity with a zero bias. Every video is pooled once
-per query: `[Q, D]` texts and `[B, F, D]` frames give `[Q, B, D]`.
+per query: `[Q, D]` texts and `[B, F, D]` frames give `[Q, B, D]`. With more texts than frames
+per video, out_proj goes to the frames' values before the pooling: the same function with
+`B F D^2` multiply-adds for the projection instead of `Q B D^2` (`attention.folding_is_cheaper`
+decides, counting the heads).
 """
 
 import math
@@ -14,7 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers.attention import LAYER_NORM_EPS, Dropout
+from prvr_jax.layers import precision
+from prvr_jax.layers.attention import LAYER_NORM_EPS, Dropout, Projection, folding_is_cheaper
 from prvr_jax.layers.common import identity_kernel
 from prvr_jax.layers.precision import dense_dot_general
 
@@ -49,8 +53,15 @@ class TextConditionedPooling(nn.Module):
     if frame_mask is not None:
       logits = jnp.where(frame_mask[None, :, None, :] > 0, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
-    attended = jnp.einsum('qbhf,bfhc->qbhc', weights, v).reshape(texts.shape[0], -1, d)
-    attended = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm2')(
-        _identity_dense(d, 'out_proj')(attended))
+    out_proj = Projection(d, d, kernel_init=identity_kernel, name='out_proj')
+    if folding_is_cheaper(frames.shape[1], texts.shape[0], d, h):
+      # The weights sum to 1 over the frames: out_proj(sum_f w_f v_f) = sum_f w_f out_proj(v_f),
+      # with out_proj applied per frame (and head) instead of per (text, video) pair.
+      projected = precision.einsum('bfhc,hcd->bfhd', v, out_proj.kernel.reshape(h, d // h, d))
+      attended = jnp.einsum('qbhf,bfhd->qbd', weights, projected) + out_proj.bias
+    else:
+      attended = out_proj(jnp.einsum('qbhf,bfhc->qbhc', weights, v).reshape(
+          texts.shape[0], -1, d))
+    attended = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm2')(attended)
     residual = Dropout(self.dropout)(_identity_dense(d, 'linear_proj')(attended), deterministic)
     return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm3')(attended + residual)

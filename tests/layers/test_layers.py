@@ -213,13 +213,13 @@ def test_folded_single_query_attention_equals_projected_keys():
 
 
 def test_attention_folds_only_where_it_saves_work():
-  from prvr_jax.layers.attention import _folding_is_cheaper
-  assert _folding_is_cheaper(1, 128, 384, 4)  # a learnable token over the frames
-  assert _folding_is_cheaper(1, 20, 16, 2)  # the test above
-  assert not _folding_is_cheaper(16, 20, 16, 2)
+  from prvr_jax.layers.attention import folding_is_cheaper
+  assert folding_is_cheaper(1, 128, 384, 4)  # a learnable token over the frames
+  assert folding_is_cheaper(1, 20, 16, 2)  # the test above
+  assert not folding_is_cheaper(16, 20, 16, 2)
   # Self-attention never folds: Lq = Lk makes the folded form cost (H - 1) Lq Lk D more.
   for length, width, heads in [(32, 384, 4), (128, 384, 4), (8, 16, 1), (32, 384, 1)]:
-    assert not _folding_is_cheaper(length, length, width, heads)
+    assert not folding_is_cheaper(length, length, width, heads)
 
 
 def test_dropout_rate_scaling_and_independence():

@@ -14,6 +14,7 @@ from prvr_jax import clip
 from prvr_jax import optim
 from prvr_jax.clip import weights as clip_weights
 from prvr_jax.layers import stochastic_text
+from prvr_jax.layers.attention import folding_is_cheaper
 from prvr_jax.losses import stochastic
 from prvr_jax.models import registry
 from prvr_jax.models.tmass import TMASS
@@ -106,6 +107,29 @@ def test_pooling_radius_stochastic_and_support_texts_match_the_official_code():
   total, (loss_s, loss_sup) = _losses(params, texts, frames, h['noise'], float(h['alpha']))
   for ours, key in ((loss_s, 'loss_s'), (loss_sup, 'loss_sup'), (total, 'loss_total')):
     support.assert_close(ours, h[key], rtol, err_msg=key)
+
+
+@pytest.mark.parametrize('num_heads,official', [(1, 'pooled'), (2, 'pooled_h2')])
+def test_pooling_with_more_texts_than_frames_folds_out_proj_into_the_frames(num_heads, official):
+  """12 texts over 6-frame videos take the folded output projection (per frame, not per pair):
+  the fixture's 4 texts tiled 3 times pool as the official code pools them, and the parameters'
+  gradients are 3 times those of the 4 texts through the unfolded projection."""
+  h = _load('head.npz')
+  sd = {k.split('/', 1)[1]: v for k, v in h.items() if k.startswith(('pool/', 'radius/'))}
+  params = _head_params(sd, '', '', h['logit_scale'])
+  texts, frames = h['text'], h['frames']
+  assert folding_is_cheaper(F, 3 * len(texts), D, num_heads)
+  assert not folding_is_cheaper(F, len(texts), D, num_heads)
+  tiled = np.tile(texts, (3, 1))
+  rtol = support.f32_rtol(D, ops=8)
+  support.assert_close(_pool(params, tiled, frames, num_heads),
+                       np.tile(h[official].transpose(1, 0, 2), (3, 1, 1)), rtol)
+  weights = np.random.default_rng(0).normal(size=(len(texts), len(frames), D))
+  objective = lambda p, t, w: jnp.sum(_pool(p, t, frames, num_heads) * w)
+  folded = jax.grad(objective)(params, tiled, np.tile(weights, (3, 1, 1)))
+  unfolded = jax.grad(objective)(params, texts, weights)
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(folded))
+  jax.tree.map(lambda a, b: support.assert_close(a, 3 * b, rtol, scale=scale), folded, unfolded)
 
 
 def _step_tree(values, prefix):
