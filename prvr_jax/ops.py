@@ -38,6 +38,24 @@ def set_similarities(queries: jax.Array, items: jax.Array, cosine: bool) -> jax.
   return products * inverse_norm(items) if cosine else products
 
 
+def set_cosines_and_dots(queries: jax.Array, items: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(cosines, raw dot products), each `[Q, B, L]`, of queries `[Q, D]` with items `[B, L, D]`,
+  from one product: the cosines are the products scaled by both inverse norms.
+
+  Training scores each query against the same sets twice, by cosine (triplet terms) and by raw
+  dot (InfoNCE): one product instead of two, forward and backward.
+  """
+  products = set_similarities(queries, items, cosine=False)
+  return products * inverse_norm(queries)[:, None, None] * inverse_norm(items), products
+
+
+def max_similarities(queries: jax.Array, items: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(`max_similarity(..., cosine=True)`, `max_similarity(..., cosine=False)`), each `[Q, B]`,
+  from one product (`set_cosines_and_dots`)."""
+  cosines, products = set_cosines_and_dots(queries, items)
+  return jnp.max(cosines, axis=-1), jnp.max(products, axis=-1)
+
+
 def max_similarity(queries: jax.Array, items: jax.Array, cosine: bool) -> jax.Array:
   """`max_t sim(q, items[b, t])`: queries `[Q, D]`, item sets `[B, L, D]` -> `[Q, B]`.
 

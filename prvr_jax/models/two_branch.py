@@ -25,7 +25,7 @@ from prvr_jax.layers.gmm_block import BRANCHES
 from prvr_jax.models import batch as batch_lib
 from prvr_jax.models.spec import Batch, LossContext, ModelSpec, Objective, OfficialCheckpoint
 from prvr_jax.models.spec import Params
-from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
+from prvr_jax.ops import l2_normalize, max_similarities, max_similarity, set_similarities
 
 # The official groups exempt torch names containing 'bias', 'LayerNorm.weight' or
 # 'LayerNorm.bias'. Our modules named `norm` are exactly the official `LayerNorm`s (v2's
@@ -80,6 +80,13 @@ class TwoBranchModel(nn.Module):
     """Frame-branch similarity `[Q, B]` (cosine, or raw dot product for InfoNCE)."""
     raise NotImplementedError
 
+  def frame_similarities(self, queries: jax.Array, videos: Mapping[str, jax.Array]
+                         ) -> tuple[jax.Array, jax.Array]:
+    """(cosine, raw dot) frame-branch similarities `[Q, B]`; a subclass whose frame score is a
+    max over a set overrides this to take both from one product (`ops.max_similarities`)."""
+    return (self.frame_similarity(queries, videos, cosine=True),
+            self.frame_similarity(queries, videos, cosine=False))
+
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """branch of `TEXT_MASS_BRANCHES` -> the stored set `[B, L, D]` its score is the max
     over."""
@@ -100,11 +107,12 @@ class TwoBranchModel(nn.Module):
   def _fuse(self, clip_scores: jax.Array, frame_scores: jax.Array) -> jax.Array:
     return self.clip_score_weight * clip_scores + self.frame_score_weight * frame_scores
 
-  def _branch_similarity(self, branch: str, queries: jax.Array,
-                         videos: Mapping[str, jax.Array], cosine: bool) -> jax.Array:
+  def _branch_similarities(self, branch: str, queries: jax.Array,
+                           videos: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(cosine, raw dot) similarities `[Q, B]` of a branch."""
     if branch == 'clip':
-      return max_similarity(queries, videos['clips'], cosine)
-    return self.frame_similarity(queries, videos, cosine)
+      return max_similarities(queries, videos['clips'])
+    return self.frame_similarities(queries, videos)
 
   def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """The training forward: in-batch matrices `[Q, B]` (cosines for the triplet terms and the
@@ -117,22 +125,16 @@ class TwoBranchModel(nn.Module):
     queries_aux = self.encode_queries(batch, deterministic)
     scored, support = self.text_mass_training(queries, videos, batch['query_video'],
                                               deterministic)
-    clip_scores = max_similarity(scored['clip'], videos['clips'], cosine=True)
-    frame_scores = self.frame_similarity(scored['frame'], videos, cosine=True)
-    return {
-        'scores': (self.score(queries, videos) if self.stochastic_text and deterministic
-                   else self._fuse(clip_scores, frame_scores)),
-        'clip_scores': clip_scores,
-        'clip_logits': max_similarity(scored['clip'], videos['clips'], cosine=False),
-        'frame_scores': frame_scores,
-        'frame_logits': self.frame_similarity(scored['frame'], videos, cosine=False),
-        'queries': queries,
-        'queries_aux': queries_aux,
-        'clips': videos['clips'],
-        **{f'{branch}_support_{kind}': self._branch_similarity(branch, point, videos,
-                                                               kind == 'scores')
-           for branch, point in support.items() for kind in ('scores', 'logits')},
-    }
+    out = {'queries': queries, 'queries_aux': queries_aux, 'clips': videos['clips']}
+    for branch in ('clip', 'frame'):
+      out[f'{branch}_scores'], out[f'{branch}_logits'] = self._branch_similarities(
+          branch, scored[branch], videos)
+    for branch, point in support.items():
+      out[f'{branch}_support_scores'], out[f'{branch}_support_logits'] = (
+          self._branch_similarities(branch, point, videos))
+    out['scores'] = (self.score(queries, videos) if self.stochastic_text and deterministic
+                     else self._fuse(out['clip_scores'], out['frame_scores']))
+    return out
 
   # --------------------------------------------------------------------------- text mass
 

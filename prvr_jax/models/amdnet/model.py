@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionBlockV1, InputProjection, PositionalEncoding, SpanPredictor
 from prvr_jax.models.spec import Batch, position_scores
-from prvr_jax.ops import max_similarity
+from prvr_jax.ops import max_similarities, max_similarity
 
 
 class AMDNet(nn.Module):
@@ -101,6 +101,6 @@ class AMDNet(nn.Module):
     queries = self.encode_queries(batch, deterministic)
     # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
     queries_aux = self.encode_queries(batch, deterministic)
-    return {'scores': self.score(queries, videos),
-            'clip_logits': max_similarity(queries, videos['clips'], cosine=False),
+    scores, clip_logits = max_similarities(queries, videos['clips'])
+    return {'scores': scores, 'clip_logits': clip_logits,
             'queries': queries, 'queries_aux': queries_aux, **videos}

@@ -16,7 +16,7 @@ import jax
 from prvr_jax.layers import QueryEncoder, VideoBranch
 from prvr_jax.models.spec import Batch, position_scores, real_positions
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import max_similarity
+from prvr_jax.ops import max_similarities, max_similarity
 
 
 class GMMFormerV2(TwoBranchModel):
@@ -55,6 +55,10 @@ class GMMFormerV2(TwoBranchModel):
   def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                        cosine: bool) -> jax.Array:
     return max_similarity(queries, videos['frames'], cosine)
+
+  def frame_similarities(self, queries: jax.Array, videos: Mapping[str, jax.Array]
+                         ) -> tuple[jax.Array, jax.Array]:
+    return max_similarities(queries, videos['frames'])
 
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {'clip': videos['clips'], 'frame': videos['frames']}

@@ -27,7 +27,7 @@ from prvr_jax.layers import exhaustive_clips
 from prvr_jax.layers.multiscale import averaging_matrix, key_clip_attention
 from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
+from prvr_jax.ops import l2_normalize, max_similarities, set_cosines_and_dots, set_similarities
 
 
 class MSSL(TwoBranchModel):
@@ -115,27 +115,29 @@ class MSSL(TwoBranchModel):
     # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
     queries_aux = self.encode_queries(batch, deterministic)
     clips, own = videos['clips'], batch['query_video']
-    cosines = set_similarities(queries, clips, cosine=True)
+    cosines, products = set_cosines_and_dots(queries, clips)
     best = jnp.argmax(jnp.take_along_axis(cosines, own[:, None, None], axis=1)[:, 0], axis=-1)
     keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
     attended = self.key_clip_attention(keys[None], videos['frames'][own],
                                        videos['frame_mask'][own])[0]
     scored, support = self.text_mass_training(queries, videos, own, deterministic)
     if support:  # text mass in training: the clip matrices score the stochastic queries
-      cosines = set_similarities(scored['clip'], clips, cosine=True)
+      cosines, products = set_cosines_and_dots(scored['clip'], clips)
       scores = (self._chunked_scores(queries, videos)
                 + self.clip_score_weight * jnp.max(cosines, axis=-1))
     else:
       scores = self.score(queries, videos)
-    return {
+    out = {
         'scores': scores,
         'clip_scores': jnp.max(cosines, axis=-1),
-        'clip_logits': max_similarity(scored['clip'], clips, cosine=False),
+        'clip_logits': jnp.max(products, axis=-1),
         'frame_scores': l2_normalize(queries) @ l2_normalize(attended).T,
         'frame_logits': queries @ attended.T,
         'queries': queries,
         'queries_aux': queries_aux,
         'clips': clips,
-        **{f'clip_support_{kind}': max_similarity(support['clip'], clips, kind == 'scores')
-           for kind in ('scores', 'logits') if support},
     }
+    if support:
+      out['clip_support_scores'], out['clip_support_logits'] = max_similarities(
+          support['clip'], clips)
+    return out

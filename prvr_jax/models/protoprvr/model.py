@@ -27,7 +27,7 @@ from prvr_jax.layers.prototypes import GENERATORS
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
 from prvr_jax.models.spec import Batch, position_scores, real_positions
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, max_similarity, set_similarities
+from prvr_jax.ops import l2_normalize, max_similarities, max_similarity, set_cosines_and_dots
 
 BRANCHES = ('clip', 'frame')
 
@@ -204,14 +204,15 @@ class ProtoPRVR(TwoBranchModel):
     cosines = {}
     for branch in BRANCHES:
       protos = prototypes[branch][0]
-      cosines[branch] = set_similarities(queries[branch], protos, cosine=True)
-      out[f'{branch}_scores'] = jnp.max(
-          set_similarities(scored[branch], protos, cosine=True) if support else cosines[branch], axis=-1)
-      out[f'{branch}_logits'] = max_similarity(scored[branch], protos, cosine=False)
-      out[f'{branch}_prototypes'] = protos
+      cosines[branch], products = set_cosines_and_dots(queries[branch], protos)
       if support:
-        out[f'{branch}_support_scores'] = max_similarity(support[branch], protos, cosine=True)
-        out[f'{branch}_support_logits'] = max_similarity(support[branch], protos, cosine=False)
+        out[f'{branch}_scores'], out[f'{branch}_logits'] = max_similarities(scored[branch], protos)
+        out[f'{branch}_support_scores'], out[f'{branch}_support_logits'] = max_similarities(
+            support[branch], protos)
+      else:
+        out[f'{branch}_scores'] = jnp.max(cosines[branch], axis=-1)
+        out[f'{branch}_logits'] = jnp.max(products, axis=-1)
+      out[f'{branch}_prototypes'] = protos
     out['scores'] = (self.score(queries, stored) if self.stochastic_text and deterministic
                      else self._fuse(out['clip_scores'], out['frame_scores']))
 
