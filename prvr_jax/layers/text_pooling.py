@@ -5,10 +5,13 @@
 
 One LayerNorm (LN1) is shared by the text and the frames; the softmax runs over a video's
 frames; every projection starts as the identity with a zero bias. Every video is pooled once
-per query: `[Q, D]` texts and `[B, F, D]` frames give `[Q, B, D]`. With more texts than frames
-per video, out_proj goes to the frames' values before the pooling: the same function with
-`B F D^2` multiply-adds for the projection instead of `Q B D^2` (`attention.folding_is_cheaper`
-decides, counting the heads).
+per query: `[Q, D]` texts and `[B, F, D]` frames give `[Q, B, D]`.
+
+Two projections are folded where that takes fewer multiply-adds (`attention.folding_is_cheaper`
+decides, counting the heads), computing the same function: k_proj into the texts (`q W_k^T`
+per head, `Q D^2`, instead of projecting all `B F` frames) and, with more texts than frames per
+video, out_proj into the frames' values before the pooling (`B F D^2` instead of `Q B D^2`
+for every pooled pair).
 """
 
 import math
@@ -46,22 +49,31 @@ class TextConditionedPooling(nn.Module):
                        f'num_heads={h}')
     shared_norm = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm1')
     texts, frames = shared_norm(texts), shared_norm(frames)
-    q = _identity_dense(d, 'q_proj')(texts).reshape(texts.shape[0], h, d // h)
-    k = _identity_dense(d, 'k_proj')(frames).reshape(*frames.shape[:2], h, d // h)
-    v = _identity_dense(d, 'v_proj')(frames).reshape(*frames.shape[:2], h, d // h)
-    logits = jnp.einsum('qhc,bfhc->qbhf', q, k) / math.sqrt(d // h)
+    num_texts, (num_videos, num_frames) = texts.shape[0], frames.shape[:2]
+    q = _identity_dense(d, 'q_proj')(texts).reshape(num_texts, h, d // h)
+    key_proj = Projection(d, d, kernel_init=identity_kernel, name='k_proj')
+    if folding_is_cheaper(num_texts, num_videos * num_frames, d, h):
+      # q . (f W_k + b_k) = (q W_k^T) . f + q . b_k: W_k applied to the texts, not every frame.
+      q_keys = precision.einsum('qhc,ehc->qhe', q, key_proj.kernel.reshape(d, h, d // h))
+      logits = (jnp.einsum('qhe,bfe->qbhf', q_keys, frames)
+                + jnp.einsum('qhc,hc->qh', q, key_proj.bias.reshape(h, d // h))[:, None, :, None])
+    else:
+      k = key_proj(frames).reshape(num_videos, num_frames, h, d // h)
+      logits = jnp.einsum('qhc,bfhc->qbhf', q, k)
+    logits = logits / math.sqrt(d // h)
+    v = _identity_dense(d, 'v_proj')(frames).reshape(num_videos, num_frames, h, d // h)
     if frame_mask is not None:
       logits = jnp.where(frame_mask[None, :, None, :] > 0, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
     out_proj = Projection(d, d, kernel_init=identity_kernel, name='out_proj')
-    if folding_is_cheaper(frames.shape[1], texts.shape[0], d, h):
+    if folding_is_cheaper(num_frames, num_texts, d, h):
       # The weights sum to 1 over the frames: out_proj(sum_f w_f v_f) = sum_f w_f out_proj(v_f),
       # with out_proj applied per frame (and head) instead of per (text, video) pair.
       projected = precision.einsum('bfhc,hcd->bfhd', v, out_proj.kernel.reshape(h, d // h, d))
       attended = jnp.einsum('qbhf,bfhd->qbd', weights, projected) + out_proj.bias
     else:
       attended = out_proj(jnp.einsum('qbhf,bfhc->qbhc', weights, v).reshape(
-          texts.shape[0], -1, d))
+          num_texts, num_videos, d))
     attended = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm2')(attended)
     residual = Dropout(self.dropout)(_identity_dense(d, 'linear_proj')(attended), deterministic)
     return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm3')(attended + residual)

@@ -14,6 +14,7 @@ from prvr_jax import clip
 from prvr_jax import optim
 from prvr_jax.clip import weights as clip_weights
 from prvr_jax.layers import stochastic_text
+from prvr_jax.layers import text_pooling
 from prvr_jax.layers.attention import folding_is_cheaper
 from prvr_jax.losses import stochastic
 from prvr_jax.models import registry
@@ -109,27 +110,33 @@ def test_pooling_radius_stochastic_and_support_texts_match_the_official_code():
     support.assert_close(ours, h[key], rtol, err_msg=key)
 
 
+@pytest.mark.parametrize('folds', ['never', 'always'])
 @pytest.mark.parametrize('num_heads,official', [(1, 'pooled'), (2, 'pooled_h2')])
-def test_pooling_with_more_texts_than_frames_folds_out_proj_into_the_frames(num_heads, official):
-  """12 texts over 6-frame videos take the folded output projection (per frame, not per pair):
-  the fixture's 4 texts tiled 3 times pool as the official code pools them, and the parameters'
-  gradients are 3 times those of the 4 texts through the unfolded projection."""
+def test_pooling_folds_compute_the_official_function(monkeypatch, folds, num_heads, official):
+  """X-Pool's projection folds (k_proj into the texts, out_proj into the frames' values) all
+  left out or all taken: the official pooled output, and the parameters' gradients of the
+  folds chosen by cost (at the fixture's size: k_proj folded, out_proj not)."""
   h = _load('head.npz')
   sd = {k.split('/', 1)[1]: v for k, v in h.items() if k.startswith(('pool/', 'radius/'))}
   params = _head_params(sd, '', '', h['logit_scale'])
   texts, frames = h['text'], h['frames']
-  assert folding_is_cheaper(F, 3 * len(texts), D, num_heads)
-  assert not folding_is_cheaper(F, len(texts), D, num_heads)
-  tiled = np.tile(texts, (3, 1))
-  rtol = support.f32_rtol(D, ops=8)
-  support.assert_close(_pool(params, tiled, frames, num_heads),
-                       np.tile(h[official].transpose(1, 0, 2), (3, 1, 1)), rtol)
   weights = np.random.default_rng(0).normal(size=(len(texts), len(frames), D))
-  objective = lambda p, t, w: jnp.sum(_pool(p, t, frames, num_heads) * w)
-  folded = jax.grad(objective)(params, tiled, np.tile(weights, (3, 1, 1)))
-  unfolded = jax.grad(objective)(params, texts, weights)
-  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(folded))
-  jax.tree.map(lambda a, b: support.assert_close(a, 3 * b, rtol, scale=scale), folded, unfolded)
+  objective = lambda p: jnp.sum(_pool(p, texts, frames, num_heads) * weights)
+  by_cost = jax.grad(objective)(params)
+  monkeypatch.setattr(text_pooling, 'folding_is_cheaper', lambda *_: folds == 'always')
+  rtol = support.f32_rtol(D, ops=8)
+  support.assert_close(_pool(params, texts, frames, num_heads), h[official].transpose(1, 0, 2),
+                       rtol)
+  grads = jax.grad(objective)(params)
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(by_cost))
+  jax.tree.map(lambda a, b: support.assert_close(a, b, rtol, scale=scale), grads, by_cost)
+
+
+def test_pooling_folds_both_projections_at_training_sizes():
+  # T-MASS on MSR-VTT features: D 512, 12 frames, one caption per video in a batch.
+  for videos in (16, 32, 64, 128):
+    assert folding_is_cheaper(videos, videos * 12, 512, 1)  # k_proj into the texts
+    assert folding_is_cheaper(12, videos, 512, 1)  # out_proj into the frames' values
 
 
 def _step_tree(values, prefix):
