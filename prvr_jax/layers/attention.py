@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from prvr_jax.layers import branches
 from prvr_jax.layers import precision
 from prvr_jax.layers import random_bits
+from prvr_jax.layers.normalization import LayerNorm
 from prvr_jax.layers.precision import dense_dot_general
 
 # PyTorch defaults the official code relies on.
@@ -68,8 +69,8 @@ class Dropout(nn.Module):
     return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
 
 
-def layer_norm(name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name=name)
+def layer_norm(name: str) -> LayerNorm:
+  return LayerNorm(epsilon=LAYER_NORM_EPS, name=name)
 
 
 def dense(features: int, name: str, use_bias: bool = True) -> nn.Dense:
