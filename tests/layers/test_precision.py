@@ -60,6 +60,29 @@ def test_bf16_matmul_runs_jitted_with_one_input_shared_by_stacked_kernels():
                        rtol=support.f32_rtol(64))
 
 
+def _dot_operand_types(hlo_text: str) -> list[tuple[str, ...]]:
+  """The element types of every `dot`'s operands in a compiled HLO module's text."""
+  types = dict(re.findall(r'%([\w.\-]+) = (\w+)\[', hlo_text))
+  return [tuple(types[name] for name in re.findall(r'%([\w.\-]+)', operands))
+          for operands in re.findall(r' dot\(([^)]*)\)', hlo_text)]
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the XLA:CPU program')
+@pytest.mark.parametrize('rows', [64, 63])
+def test_kernel_gradient_of_a_2d_input_is_a_bfloat16_product_on_cpus(rows):
+  """XLA:CPU runs the kernel gradient of a 2-D input (one contracted axis) in float32 unless
+  its rows are split (`precision._kernel_grad_split_rows`); an odd count gets a zero row."""
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.normal(size=(rows, 48)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(48, 32)) / 8, jnp.float32)
+  cotangent = jnp.asarray(rng.normal(size=(rows, 32)), jnp.float32)
+  kernel_grad = jax.jit(lambda x, k, g: jax.vjp(precision.bf16_matmul, x, k)[1](g)[1])
+  operand_types = _dot_operand_types(kernel_grad.lower(x, kernel, cotangent).compile().as_text())
+  assert operand_types == [('bf16', 'bf16')]
+  support.assert_close(kernel_grad(x, kernel, cotangent),
+                       _rounded(x).T @ _rounded(cotangent), rtol=support.f32_rtol(rows))
+
+
 # Attention's two products, `[B, L, H, Dh]` queries/keys/values and `[B, H, Lq, Lk]` weights.
 ATTENTION_EINSUMS = (('bqhd,bkhd->bhqk', (2, 16, 2, 8), (2, 12, 2, 8)),
                      ('bhqk,bkhd->bqhd', (2, 2, 16, 12), (2, 12, 2, 8)))
