@@ -15,7 +15,7 @@ which is the gradient of Flax's form (its `max(0, .)` only clamps rounding of a 
 where `xhat` is 0 and both give `rstd * (g - mean(g))`).
 
 `attention.layer_norm` (every attention block, input projection, prototype and span-mask
-layer) builds this one: the steps of GMMFormer, GMMFormer v2 and AMDNet hold 5-8% less peak
+layer) builds this one: the training steps of GMMFormer and GMMFormer v2 hold 6-10% less peak
 memory at the same speed. X-Pool (T-MASS) keeps `nn.LayerNorm`, whose `[Q, B, D]` pair
 LayerNorms ran 6-14% slower in this form (docs/benchmarks.md, "LayerNorm's backward pass").
 """
