@@ -109,7 +109,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
 
   `query_video` indexes videos of this process's batch; it is shifted by
   `process_index * B_local` so that it indexes the global batch. Query slots
-  are padded (`query_valid=False`) to a multiple of the local device count.
+  are padded (`query_valid=False`) to a multiple of the mesh's devices on this process.
 
   Args:
     local_batch: the batch contract's training dict for this process.
@@ -119,13 +119,13 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     The same keys as global `jax.Array`s, leading axis sharded on `data`.
   """
   batch = {k: np.asarray(v) for k, v in local_batch.items()}
-  multiple = jax.local_device_count()
+  multiple = len(mesh.local_devices)
   num_videos = batch['clip_feats'].shape[0]
   if num_videos % multiple:
     raise ValueError(
         f'The per-process batch holds {num_videos} videos, not a multiple of the '
         f'{multiple} local devices; make config.train.batch_size a multiple of '
-        f'{jax.device_count()} (the global device count).')
+        f'{mesh.size} (the global device count).')
   if 'query_video' in batch:
     batch['query_video'] = (batch['query_video'].astype(np.int32)
                             + np.int32(jax.process_index() * num_videos))
@@ -139,8 +139,8 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
 
 def shard_local(tree: Any, mesh: Mesh) -> Any:
   """Each leaf: this process's rows -> a global array sharded on `data` (rows of all
-  processes concatenated in process order). Leading dims must be multiples of the local
-  device count."""
+  processes concatenated in process order). Leading dims must be multiples of the mesh's
+  devices on this process."""
   sharding = sharded(mesh)
   return jax.tree.map(
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
@@ -150,7 +150,7 @@ def shard_global_view(tree: Any, mesh: Mesh, rows: int | None = None) -> Any:
   """A batch every process holds in full -> global arrays sharded on `data`.
 
   Each leaf is zero-padded along its leading axis to `rows` (default: the next multiple
-  of the global device count) and each process contributes its contiguous block, so the
+  of the mesh's device count) and each process contributes its contiguous block, so the
   global array is the same for any number of processes. Zero padding marks padded
   items invalid (`*_valid=False`, masks 0).
   """
@@ -158,9 +158,9 @@ def shard_global_view(tree: Any, mesh: Mesh, rows: int | None = None) -> Any:
 
   def block(x):
     x = np.asarray(x)
-    size = rows if rows is not None else round_up(x.shape[0], jax.device_count())
-    if size % jax.device_count():
-      raise ValueError(f'{size} rows do not split over {jax.device_count()} devices.')
+    size = rows if rows is not None else round_up(x.shape[0], mesh.size)
+    if size % mesh.size:
+      raise ValueError(f'{size} rows do not split over {mesh.size} devices.')
     per_process = size // count
     start = jax.process_index() * per_process
     return pad_rows(x, size)[start:start + per_process]

@@ -84,6 +84,23 @@ def leading_axis_sums(equations, axis_size: int) -> list:
           and e.invars[0].aval.shape[0] == axis_size]
 
 
+def parallel_devices() -> list:
+  """Devices of one platform for the data-parallel tests (1 device against 2): the default
+  backend's where it has two or more, else the CPU's (tests/conftest.py provides 2), as on a
+  one-GPU machine."""
+  import jax
+  devices = jax.devices()
+  return devices if len(devices) >= 2 else jax.devices('cpu')
+
+
+def cpu_program(fn, *args) -> str:
+  """The text of `jax.jit(fn)` compiled by XLA:CPU for `args`, whatever the default backend:
+  the tests that read how XLA:CPU compiled something read it here on a GPU machine too."""
+  import jax
+  args = jax.device_put(args, jax.devices('cpu')[0])
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
 def has_torch() -> bool:
   """Whether torch is installed (the torch-reader tests run only then)."""
   return importlib.util.find_spec('torch') is not None

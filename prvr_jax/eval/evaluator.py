@@ -118,8 +118,8 @@ class Evaluator:
     self.dual_softmax = dual_softmax
     self.mv_groups = tuple(tuple(g) for g in mv_groups)
     self.video_batch_size = video_batch_size
-    self.video_rows = parallel.round_up(video_batch_size, jax.device_count())
-    self.query_rows = parallel.round_up(query_batch_size, jax.device_count())
+    self.video_rows = parallel.round_up(video_batch_size, mesh.size)
+    self.query_rows = parallel.round_up(query_batch_size, mesh.size)
     sharded = parallel.sharded(mesh)
     replicated = parallel.replicated(mesh)
     columns = NamedSharding(mesh, P(None, parallel.DATA_AXIS))

@@ -72,7 +72,7 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
         f'{short(missing[:3])}), {len(extra)} others are indexed (first: {short(extra[:3])}). '
         'Build the index from this split.')
   keys = np.array([keys_of[v] for v in index.ids], np.int64)
-  rows = parallel.round_up(len(keys), jax.device_count())
+  rows = parallel.round_up(len(keys), evaluator.mesh.size)
   encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'), evaluator.mesh,
                                          rows)
   padded = parallel.pad_rows(keys, rows, value=-1)

@@ -315,7 +315,8 @@ def test_v1_checkpoint_into_v2_is_refused():
 
 
 def test_cli_import_and_export(tmp_path):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
+  path = os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')])
+  env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS='cpu')
   run = lambda *args: subprocess.run([sys.executable, '-m', 'prvr_jax.convert', *args], env=env,
                                      check=True, capture_output=True, text=True)
   run('--model=gmmformer', f'--checkpoint={_ckpt("gmmformer")}', f'--out={tmp_path}/p.msgpack')

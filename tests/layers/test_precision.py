@@ -68,11 +68,11 @@ def _dot_operand_types(hlo_text: str) -> list[tuple[str, ...]]:
 
 
 def _kernel_grad_operand_types(x, kernel, cotangent) -> list[tuple[str, ...]]:
-  kernel_grad = jax.jit(lambda x, k, g: jax.vjp(precision.bf16_matmul, x, k)[1](g)[1])
-  return _dot_operand_types(kernel_grad.lower(x, kernel, cotangent).compile().as_text())
+  """The operand types of the kernel gradient's products as XLA:CPU compiles them."""
+  kernel_grad = lambda x, k, g: jax.vjp(precision.bf16_matmul, x, k)[1](g)[1]
+  return _dot_operand_types(support.cpu_program(kernel_grad, x, kernel, cotangent))
 
 
-@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the XLA:CPU program')
 @pytest.mark.parametrize('rows', [64, 63])
 def test_kernel_gradient_of_a_2d_input_is_a_bfloat16_product_on_cpus(rows):
   """A 2-D input's kernel gradient is a bfloat16 product wherever a 3-D input's is (XLA:CPU
@@ -157,11 +157,15 @@ def test_float32_dense_layers_are_untouched_and_bfloat16_ones_are_mixed():
 def test_dense_dot_general_leaves_other_contractions_to_lax():
   x, kernel = _operands(4)
   dims = (((2,), (0,)), ((), ()))
+  batch_dims = (((2,), (2,)), ((0,), (0,)))
+  # Compared inside the context: it sets JAX's default matmul precision too, which GPUs obey
+  # (bfloat16 passes) and CPUs ignore for float32 operands.
   with precision.matmul_precision('bfloat16'):
     exact = precision.dense_dot_general(x, kernel, dims, preferred_element_type=jnp.float32)
-    batched = precision.dense_dot_general(x, x, (((2,), (2,)), ((0,), (0,))))
-  assert np.array_equal(exact, jax.lax.dot_general(x, kernel, dims))
-  assert np.array_equal(batched, jax.lax.dot_general(x, x, (((2,), (2,)), ((0,), (0,)))))
+    batched = precision.dense_dot_general(x, x, batch_dims)
+    assert np.array_equal(exact, jax.lax.dot_general(x, kernel, dims,
+                                                     preferred_element_type=jnp.float32))
+    assert np.array_equal(batched, jax.lax.dot_general(x, x, batch_dims))
 
 
 def test_the_context_is_restored_after_an_error():

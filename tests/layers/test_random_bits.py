@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import support
 from prvr_jax.layers import random_bits
 from prvr_jax.layers.attention import Dropout
 
@@ -66,17 +67,19 @@ def test_dropout_keeps_its_masks():
 
 
 def test_dropout_computes_its_rounds_once():
-  """A mask read by the forward and the backward (and here a matmul's input) is computed once:
-  the compiled gradient holds one threefry evaluation, 20 rotations, not one per fusion."""
+  """A mask read by the forward and the backward (and here a matmul's input) is computed once
+  by XLA:CPU: the compiled gradient holds one threefry evaluation, 20 rotations, not one per
+  fusion. (XLA:GPU computes the rounds inside each fusion that reads the mask, where they
+  cost no memory traffic: 42 rotations on an H200.)"""
   dropout = Dropout(0.1)
 
   def loss(x, w, key):
     y = dropout.apply({}, jnp.tanh(x), False, rngs={'dropout': key})
     return (y @ w).sum()
 
-  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-  hlo = grad.lower(jnp.ones((64, 384)), jnp.ones((384, 128)), jax.random.key(0)).compile()
-  rotations = hlo.as_text().count(' shift-left(')
+  hlo = support.cpu_program(jax.grad(loss, argnums=(0, 1)), jnp.ones((64, 384)),
+                            jnp.ones((384, 128)), jax.random.key(0))
+  rotations = hlo.count(' shift-left(')
   assert 20 <= rotations < 40, rotations
 
 
