@@ -25,6 +25,15 @@ DEFAULT_VARIANT = 'tvr'
 MATMUL_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (`taskset` and cgroup CPU sets count; `os.cpu_count()`
+  does not): XLA:CPU sizes its thread pool by them, and torch is given as many threads."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
 def machine() -> dict[str, Any]:
   """Device, CPU model, its matmul-relevant flags and core count, versions, date, load."""
   cpu = platform.processor() or platform.machine()
@@ -42,7 +51,7 @@ def machine() -> dict[str, Any]:
   device = jax.devices()[0]
   return {'platform': device.platform, 'device': device.device_kind,
           'device_count': jax.device_count(), 'cpu': cpu, 'cpu_flags': flags,
-          'cpu_count': os.cpu_count(), 'jax': jax.__version__,
+          'cpu_count': usable_cores(), 'jax': jax.__version__,
           'python': platform.python_version(), 'load_average_at_start': os.getloadavg()[0],
           'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
 

@@ -55,7 +55,8 @@ import numpy as np
 
 from prvr_jax import host_memory, models, parallel, train, xla_defaults
 
-from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
+from common import (ROOT, load_config, machine, matmul_peak_gflops,  # benchmarks/common.py
+                    usable_cores)
 import step_profile  # benchmarks/step_profile.py
 
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
@@ -181,7 +182,7 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
   batch = benchmark_batch(name, config.model, num_videos)
   step, info = official_train_step.make_step(
       name, official_checkout(_OFFICIAL.value, name), config, batch, epoch=0,
-      threads=os.cpu_count(), detect_anomaly=_ANOMALY.value)
+      threads=usable_cores(), detect_anomaly=_ANOMALY.value)
   times = timed(step, _WARMUP.value, _STEPS.value, _MIN_SECONDS.value)
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
           'peak_device_mb': official_train_step.peak_device_mb(),
