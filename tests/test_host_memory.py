@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import support
 from prvr_jax import host_memory
 
 
@@ -85,6 +86,7 @@ def test_restart_re_executes_once_with_the_same_pid_and_arguments(tmp_path, tuna
   script = tmp_path / 'script.py'
   script.write_text(RESTART_SCRIPT, encoding='utf-8')
   env = {key: value for key, value in os.environ.items() if key != 'GLIBC_TUNABLES'}
+  env['PYTHONPATH'] = os.pathsep.join([str(support.REPO), env.get('PYTHONPATH', '')])
   if tunables is not None:
     env['GLIBC_TUNABLES'] = tunables
   expected = host_memory.huge_page_environ(env) or env
