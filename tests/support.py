@@ -84,13 +84,16 @@ def leading_axis_sums(equations, axis_size: int) -> list:
           and e.invars[0].aval.shape[0] == axis_size]
 
 
-def parallel_devices() -> list:
-  """Devices of one platform for the data-parallel tests (1 device against 2): the default
-  backend's where it has two or more, else the CPU's (tests/conftest.py provides 2), as on a
-  one-GPU machine."""
+def data_mesh(num_devices: int):
+  """A `('data',)` mesh of the first `num_devices` devices of one platform, for the
+  data-parallel tests (1 device against 2): the default backend's where it has two or more,
+  else the CPU's (tests/conftest.py provides 2), as on a one-GPU machine."""
   import jax
+  from jax.sharding import Mesh
   devices = jax.devices()
-  return devices if len(devices) >= 2 else jax.devices('cpu')
+  if len(devices) < 2:
+    devices = jax.devices('cpu')
+  return Mesh(np.array(devices[:num_devices]), ('data',))
 
 
 def cpu_program(fn, *args) -> str:
@@ -136,12 +139,18 @@ def require_tensorflow():
       '(setup.cfg installs it)')
 
 
+def subprocess_env(**overrides: str) -> dict[str, str]:
+  """This process's environment with the repo and `tests/` first on `PYTHONPATH` (a
+  subprocess imports this checkout's `prvr_jax` however it is installed, and keeps any path
+  the caller set), then `overrides`."""
+  path = os.pathsep.join([str(REPO), str(REPO / 'tests'), os.environ.get('PYTHONPATH', '')])
+  return {**os.environ, 'PYTHONPATH': path, **overrides}
+
+
 def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
   """The environment of a CLI subprocess: `devices` CPU devices, the repo on the path, a
   persistent compilation cache at `cache_dir` (None: none)."""
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join([str(REPO), str(REPO / 'tests'),
-                                       env.get('PYTHONPATH', '')])
+  env = subprocess_env()
   # LLVM -O0 compiles about a third faster; every run compared in a test uses it.
   env['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count={devices} '
                       '--xla_backend_optimization_level=0')

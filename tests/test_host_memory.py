@@ -1,7 +1,6 @@
 """Host memory (prvr_jax.host_memory): the compile-time heap trim, huge-page malloc."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -85,8 +84,8 @@ print(json.dumps({'pid': os.getpid(), 'argv': sys.argv,
 def test_restart_re_executes_once_with_the_same_pid_and_arguments(tmp_path, tunables):
   script = tmp_path / 'script.py'
   script.write_text(RESTART_SCRIPT, encoding='utf-8')
-  env = {key: value for key, value in os.environ.items() if key != 'GLIBC_TUNABLES'}
-  env['PYTHONPATH'] = os.pathsep.join([str(support.REPO), env.get('PYTHONPATH', '')])
+  env = {key: value for key, value in support.subprocess_env().items()
+         if key != 'GLIBC_TUNABLES'}
   if tunables is not None:
     env['GLIBC_TUNABLES'] = tunables
   expected = host_memory.huge_page_environ(env) or env

@@ -3,14 +3,9 @@ given (not over every device JAX has: a CPU mesh on a GPU machine, or a sub-mesh
 
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 
 import support
 from prvr_jax import parallel
-
-
-def _mesh(devices: int) -> Mesh:
-  return Mesh(np.array(support.parallel_devices()[:devices]), (parallel.DATA_AXIS,))
 
 
 def _local_batch(videos: int, queries: int) -> dict[str, np.ndarray]:
@@ -23,7 +18,7 @@ def _local_batch(videos: int, queries: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize('devices', [1, 2])
 def test_rows_are_padded_to_the_devices_of_the_mesh(devices):
-  mesh = _mesh(devices)
+  mesh = support.data_mesh(devices)
   view = parallel.shard_global_view({'x': np.arange(5.0)}, mesh)['x']
   assert set(view.sharding.device_set) == set(mesh.devices.flat)
   np.testing.assert_array_equal(parallel.to_host(view), [0, 1, 2, 3, 4, 0][:5 + (devices - 1)])
@@ -34,7 +29,7 @@ def test_rows_are_padded_to_the_devices_of_the_mesh(devices):
 
 
 def test_rows_that_do_not_split_over_the_mesh_are_refused():
-  mesh = _mesh(2)
+  mesh = support.data_mesh(2)
   with pytest.raises(ValueError, match='holds 3 videos, not a multiple of the 2 local devices; '
                      r'make config.train.batch_size a multiple of 2'):
     parallel.global_batch(_local_batch(videos=3, queries=3), mesh)

@@ -21,7 +21,6 @@ from prvr_jax import convert, models
 
 FIXTURES = support.OFFICIAL
 NAMES = ('gmmformer', 'gmmformer_v2', 'ms_sl', 'amdnet')
-REPO = support.REPO
 
 
 def _ckpt(name):
@@ -315,8 +314,7 @@ def test_v1_checkpoint_into_v2_is_refused():
 
 
 def test_cli_import_and_export(tmp_path):
-  path = os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')])
-  env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS='cpu')
+  env = support.subprocess_env(JAX_PLATFORMS='cpu')
   run = lambda *args: subprocess.run([sys.executable, '-m', 'prvr_jax.convert', *args], env=env,
                                      check=True, capture_output=True, text=True)
   run('--model=gmmformer', f'--checkpoint={_ckpt("gmmformer")}', f'--out={tmp_path}/p.msgpack')

@@ -71,7 +71,7 @@ def _reference(setup, videos, queries):
 
 def _evaluate(setup, split, video_chunk, query_chunk, devices=None):
   config, _, params = setup
-  mesh = Mesh(np.array(support.parallel_devices()[:devices]), ('data',)) if devices else None
+  mesh = support.data_mesh(devices) if devices else None
   evaluator = Evaluator(config.model, mesh or Mesh(np.array(jax.devices()), ('data',)),
                         video_chunk, query_chunk)
   return evaluator.evaluate(params, split)

@@ -5,7 +5,6 @@ output (tests/fixtures/tmass/leak.npz), ranks differently and leaks the ground t
 import os
 
 import jax
-from jax.sharding import Mesh
 import numpy as np
 
 from prvr_jax import metrics
@@ -146,8 +145,8 @@ def test_a_pairs_score_is_the_same_whatever_else_is_evaluated():
     split = _split(frames[videos], texts[queries], np.array([position[ground_truth[q]]
                                                              for q in queries]),
                    [f'video{v}' for v in videos], video_chunk, query_chunk, order)
-    mesh = Mesh(np.array(support.parallel_devices()[:num_devices]), ('data',))
-    return Evaluator(config.model, mesh, video_chunk, query_chunk).evaluate(params, split).scores
+    evaluator = Evaluator(config.model, support.data_mesh(num_devices), video_chunk, query_chunk)
+    return evaluator.evaluate(params, split).scores
 
   everything = scores(list(range(12)), list(range(7)), 5, 3, 2)
   cases = [

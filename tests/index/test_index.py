@@ -181,7 +181,7 @@ def test_prefix_view_searches_as_an_index_of_the_first_rows(gmmformer_gallery, t
 def test_two_devices_equal_one(gmmformer_gallery, tmp_path):
   config, params, stored, ids, queries = gmmformer_gallery
   index = _writer_index(tmp_path / 'index', config, params, stored, ids, [17], 8, 'float32')
-  one, two = (Searcher(index, Mesh(np.array(support.parallel_devices()[:n]), ('data',)), query_batch_size=4,
+  one, two = (Searcher(index, support.data_mesh(n), query_batch_size=4,
                        chunk_videos=6).search(queries, k=17) for n in (1, 2))
   np.testing.assert_array_equal(two.rows, one.rows)
   support.assert_close(two.scores, one.scores, rtol=1e-5)

@@ -2,7 +2,6 @@
 assigns exactly as scipy does, ties included, and gives the same loss and gradient."""
 
 import itertools
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,8 +13,6 @@ import pytest
 import support
 from prvr_jax import losses
 from prvr_jax.losses import matching
-
-REPO = str(support.REPO)
 
 
 def brute_force(cost):
@@ -196,10 +193,8 @@ _SHARDED_SCRIPT = textwrap.dedent('''
 
 
 def test_sharded_inputs_over_four_devices():
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=4',
-             PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, 'tests'),
-                                         os.environ.get('PYTHONPATH', '')]))
+  env = support.subprocess_env(JAX_PLATFORMS='cpu',
+                               XLA_FLAGS='--xla_force_host_platform_device_count=4')
   result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=120,
                           check=False)

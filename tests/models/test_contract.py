@@ -10,7 +10,6 @@ import importlib
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 import numpy as np
 import pytest
 
@@ -156,7 +155,6 @@ def _run_steps(spec, config, mesh, epochs):
 
 def test_train_step_compiles_once_and_two_devices_equal_one(model):
   spec, config, _, _ = model
-  devices = support.parallel_devices()
   traces = []
 
   def counted(*args):
@@ -166,10 +164,10 @@ def test_train_step_compiles_once_and_two_devices_equal_one(model):
   counting = dataclasses.replace(spec, objective=counted)
   # Three batches of equal shapes, across the `tiny` hard-negative epoch (1): one trace.
   epochs = (0, 1, 2)
-  one, one_losses = _run_steps(counting, config, Mesh(np.array(devices[:1]), ('data',)),
+  one, one_losses = _run_steps(counting, config, support.data_mesh(1),
                                epochs)
   assert len(traces) == 1
-  two, two_losses = _run_steps(counting, config, Mesh(np.array(devices[:2]), ('data',)),
+  two, two_losses = _run_steps(counting, config, support.data_mesh(2),
                                epochs)
   assert len(traces) == 2  # one more for the other mesh
   # Data parallelism changes only the summation order of the batch reductions. BertAdam
