@@ -1,7 +1,7 @@
 r"""Our jitted training step against the authors' official PyTorch step, side by side.
 
   python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
-      [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--profile] \
+      [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] [--profile] \
       [--set=train.matmul_precision=bfloat16] [--output=benchmarks/results/train_step.json]
 
 For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
@@ -21,6 +21,12 @@ is its own:
   with `--official_python` (a Python with torch), on as many torch threads as XLA has cores;
   MS-SL's in autograd anomaly mode as its released loop runs it (`--noofficial_anomaly`:
   without).
+
+With `--rounds=N` each model and batch size is measured N times, both sides back to back in
+every round and the order alternating (official first in the odd rounds), so that a shared
+machine's slow minutes fall on both sides alike: the table gives the median of the rounds'
+medians, the speed-up of those medians with the range of the rounds' own speed-ups, and the
+highest peak memory of any round.
 
 Ours runs with glibc's huge-page malloc where train.py would (`host_memory`), the official
 step as its own scripts run it; `--huge_pages=both` gives the official step the same setting.
@@ -75,6 +81,10 @@ _STEPS = flags.DEFINE_integer('steps', 3, 'Timed steps per measurement (median);
 _MIN_SECONDS = flags.DEFINE_float('min_seconds', 3.0, 'More timed steps until they add up to '
                                   'this many seconds (short steps are noisy on a shared machine).')
 _WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed steps after compilation.')
+_ROUNDS = flags.DEFINE_integer('rounds', 1, 'Measurements per model and batch size, each side in '
+                               'a fresh process, back to back, the order alternating from round '
+                               'to round; the table gives the median of the rounds\' medians.',
+                               lower_bound=1)
 _OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
                                 'of checkouts named as the repos; without it ours runs alone.')
 _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', sys.executable, 'Python (with torch) '
@@ -220,6 +230,36 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
   return {'error': f'{side} worker exited {done.returncode}: {done.stderr.strip()[-2000:]}'}
 
 
+def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+  """One side's rounds as one result: the last round's, with `round_medians_s` (each round's
+  median step), `median_s` (their median), `step_s` (every timed step), the highest peak memory
+  and the median compile time; the first error where a round failed."""
+  for result in rounds:
+    if 'error' in result:
+      return result
+  combined = dict(rounds[-1])
+  combined['round_medians_s'] = [float(np.median(r['step_s'])) for r in rounds]
+  combined['median_s'] = float(np.median(combined['round_medians_s']))
+  combined['step_s'] = [t for r in rounds for t in r['step_s']]
+  combined['peak_rss_mb'] = max(r['peak_rss_mb'] for r in rounds)
+  device = [r['peak_device_mb'] for r in rounds if r.get('peak_device_mb') is not None]
+  combined['peak_device_mb'] = max(device) if device else None
+  if 'compile_s' in combined:
+    combined['compile_s'] = float(np.median([r['compile_s'] for r in rounds]))
+  return combined
+
+
+def speed_up(official: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
+  """`official / ours` of the medians, and over several rounds the range of the rounds'
+  ratios."""
+  ratio = f'{official["median_s"] / ours["median_s"]:.2f}x'
+  pairs = list(zip(official['round_medians_s'], ours['round_medians_s']))
+  if len(pairs) < 2:
+    return ratio
+  ratios = [theirs / mine for theirs, mine in pairs]
+  return f'{ratio} ({min(ratios):.2f}-{max(ratios):.2f})'
+
+
 def milliseconds(ms: float) -> str:
   return f'{ms:.0f}' if ms >= 100 else f'{ms:.3g}'
 
@@ -234,7 +274,7 @@ def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, 
         peaks: Mapping[str, float]) -> str:
   if 'error' in ours:
     return f'| {name} | {videos} | ours failed: {ours["error"][-300:]} |'
-  ms = 1e3 * float(np.median(ours['step_s']))
+  ms = 1e3 * ours['median_s']
   gflops = ours['matmul_gflop'] / (ms / 1e3)
   peak = peaks[ours['matmul_precision']]
   if official is None or 'error' in official:
@@ -242,10 +282,9 @@ def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, 
     timing = [failed, milliseconds(ms), '-']
     official_cells = [f'- / {ours["matmul_gflop"]:.0f}', '-', '-']
   else:
-    official_s = float(np.median(official['step_s']))
+    official_s = official['median_s']
     official_rate = official['matmul_gflop'] / official_s
-    timing = [milliseconds(1e3 * official_s), milliseconds(ms),
-              f'{1e3 * official_s / ms:.2f}x']
+    timing = [milliseconds(1e3 * official_s), milliseconds(ms), speed_up(official, ours)]
     official_cells = [f'{official["matmul_gflop"]:.0f} / {ours["matmul_gflop"]:.0f}',
                       f'{official_rate:.0f} ({100 * official_rate / peaks["float32"]:.0f}%)',
                       f'{peak_memory_mb(official):.0f}']
@@ -289,15 +328,21 @@ def main(argv):
                             'settings': {'captions': _CAPTIONS.value, 'steps': _STEPS.value,
                                          'min_seconds': _MIN_SECONDS.value,
                                          'official_anomaly': _ANOMALY.value,
-                                         'warmup': _WARMUP.value, 'set': _SET.value,
+                                         'warmup': _WARMUP.value, 'rounds': _ROUNDS.value,
+                                         'set': _SET.value,
                                          'huge_pages': _HUGE_PAGES.value,
                                          'official': _OFFICIAL.value}, 'runs': []}
   rows = []
   for name in _MODELS.value:
     load_config(name)  # a bad --models name fails before any run
     for videos in map(int, _VIDEOS.value):
-      official = spawn('official', name, videos) if _OFFICIAL.value else None
-      ours = spawn('ours', name, videos)
+      sides = ('official', 'ours') if _OFFICIAL.value else ('ours',)
+      measured = {side: [] for side in sides}
+      for index in range(_ROUNDS.value):
+        for side in (sides if index % 2 == 0 else sides[::-1]):
+          measured[side].append(spawn(side, name, videos))
+      ours = combine(measured['ours'])
+      official = combine(measured['official']) if _OFFICIAL.value else None
       report['runs'].append({'model': name, 'videos': videos, 'ours': ours,
                              'official': official})
       if _OUTPUT.value:  # after every run: a run cut short keeps what it measured
