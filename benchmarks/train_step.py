@@ -275,7 +275,7 @@ def row(name: str, videos: int, ours: Mapping[str, Any], official: Mapping[str, 
   if 'error' in ours:
     return f'| {name} | {videos} | ours failed: {ours["error"][-300:]} |'
   ms = 1e3 * ours['median_s']
-  gflops = ours['matmul_gflop'] / (ms / 1e3)
+  gflops = ours['matmul_gflop'] / ours['median_s']
   peak = peaks[ours['matmul_precision']]
   if official is None or 'error' in official:
     failed = '-' if official is None else f'failed: {official["error"][-200:]}'

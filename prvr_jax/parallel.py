@@ -125,7 +125,7 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     raise ValueError(
         f'The per-process batch holds {num_videos} videos, not a multiple of the '
         f'{multiple} local devices; make config.train.batch_size a multiple of '
-        f'{mesh.size} (the global device count).')
+        f'{mesh.size} (the devices of the mesh, over all processes).')
   if 'query_video' in batch:
     batch['query_video'] = (batch['query_video'].astype(np.int32)
                             + np.int32(jax.process_index() * num_videos))
