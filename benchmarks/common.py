@@ -34,6 +34,28 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def core_sets(size: int) -> list[list[int]]:
+  """Disjoint sets of `size` logical CPUs out of those this process may run on, each on
+  `size` different physical cores of one socket (a core's other hardware threads left idle),
+  so that measurements run at once on different sets share no core."""
+  first_thread: dict[tuple[int, int], int] = {}
+  for cpu in sorted(os.sched_getaffinity(0)):
+    topology = f'/sys/devices/system/cpu/cpu{cpu}/topology'
+    try:
+      with open(f'{topology}/physical_package_id', encoding='utf-8') as f:
+        socket = int(f.read())
+      with open(f'{topology}/core_id', encoding='utf-8') as f:
+        core = int(f.read())
+    except (OSError, ValueError):  # no topology: every logical CPU its own core
+      socket, core = 0, cpu
+    first_thread.setdefault((socket, core), cpu)
+  by_socket: dict[int, list[int]] = {}
+  for (socket, _), cpu in sorted(first_thread.items()):
+    by_socket.setdefault(socket, []).append(cpu)
+  return [cpus[i:i + size] for cpus in by_socket.values()
+          for i in range(0, len(cpus) - size + 1, size)]
+
+
 def machine() -> dict[str, Any]:
   """Device, CPU model, its matmul-relevant flags and core count, versions, date, load."""
   cpu = platform.processor() or platform.machine()

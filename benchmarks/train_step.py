@@ -1,7 +1,8 @@
 r"""Our jitted training step against the authors' official PyTorch step, side by side.
 
   python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
-      [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] [--profile] \
+      [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] \
+      [--cores_per_point=N] [--profile] \
       [--set=train.matmul_precision=bfloat16] [--output=benchmarks/results/train_step.json]
 
 For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
@@ -21,6 +22,10 @@ is its own:
   with `--official_python` (a Python with torch), on as many torch threads as XLA has cores;
   MS-SL's in autograd anomaly mode as its released loop runs it (`--noofficial_anomaly`:
   without).
+
+With `--cores_per_point=N` (CPUs) several points run at once, each on its own N physical cores
+(its workers pinned to them), the largest batches first: a full table on a many-core machine in
+a fraction of the time, the points sharing the caches and the memory bandwidth.
 
 With `--rounds=N` each model and batch size is measured N times, both sides back to back in
 every round and the order alternating (official first in the odd rounds), so that a shared
@@ -44,9 +49,11 @@ peak memory is then the device allocator's (JAX's `peak_bytes_in_use`, torch's
 sets by default (`xla_defaults`).
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent import futures
 import json
 import os
+import queue
 import resource
 import subprocess
 import sys
@@ -61,8 +68,8 @@ import numpy as np
 
 from prvr_jax import host_memory, models, parallel, train, xla_defaults
 
-from common import (ROOT, load_config, machine, matmul_peak_gflops,  # benchmarks/common.py
-                    usable_cores)
+from common import (ROOT, core_sets, load_config, machine,  # benchmarks/common.py
+                    matmul_peak_gflops, usable_cores)
 import step_profile  # benchmarks/step_profile.py
 
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
@@ -85,6 +92,11 @@ _ROUNDS = flags.DEFINE_integer('rounds', 1, 'Measurements per model and batch si
                                'a fresh process, back to back, the order alternating from round '
                                'to round; the table gives the median of the rounds\' medians.',
                                lower_bound=1)
+_CORES_PER_POINT = flags.DEFINE_integer(
+    'cores_per_point', 0, 'CPUs: measure several points (model, batch size) at once, each on its '
+    'own set of this many physical cores (`common.core_sets`), the largest batches first; the '
+    'matmul peaks are measured on one set before they start. 0: one point at a time on every '
+    'core.', lower_bound=0)
 _OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
                                 'of checkouts named as the repos; without it ours runs alone.')
 _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', sys.executable, 'Python (with torch) '
@@ -102,6 +114,7 @@ _OUTPUT = flags.DEFINE_string('output', None, 'JSON of every number.')
 _WORKER = flags.DEFINE_enum('worker', None, ['ours', 'official'], 'Internal: run one side.')
 _MODEL = flags.DEFINE_string('model', None, 'Internal: the worker\'s model.')
 _BATCH = flags.DEFINE_integer('batch', None, 'Internal: the worker\'s batch size.')
+_CPUS = flags.DEFINE_list('cpus', None, 'Internal: the logical CPUs the worker runs on.')
 
 
 def benchmark_batch(name: str, config_model: Any, num_videos: int, seed: int = 0
@@ -202,8 +215,10 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------- the driver
 
-def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
-  """Runs one worker in a fresh process; its result, or {'error': ...}."""
+def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = None
+          ) -> dict[str, Any]:
+  """Runs one worker in a fresh process (on `cpus` where given); its result, or
+  {'error': ...}."""
   python = _OFFICIAL_PYTHON.value if side == 'official' else sys.executable
   command = [python, os.path.abspath(__file__), f'--worker={side}', f'--model={name}',
              f'--batch={num_videos}', f'--captions={_CAPTIONS.value}',
@@ -216,6 +231,8 @@ def spawn(side: str, name: str, num_videos: int) -> dict[str, Any]:
     command.append('--noofficial_anomaly')
   if _OFFICIAL.value:
     command.append(f'--official={_OFFICIAL.value}')
+  if cpus:
+    command.append(f'--cpus={",".join(map(str, cpus))}')
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
   env.pop(PREALLOCATE, None)
@@ -247,6 +264,42 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
   if 'compile_s' in combined:
     combined['compile_s'] = float(np.median([r['compile_s'] for r in rounds]))
   return combined
+
+
+def measure_point(name: str, videos: int, cpus: Sequence[int] | None = None
+                  ) -> dict[str, Any]:
+  """Both sides of one model and batch size over `--rounds` rounds (on `cpus` where given)."""
+  sides = ('official', 'ours') if _OFFICIAL.value else ('ours',)
+  measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+  for index in range(_ROUNDS.value):
+    for side in (sides if index % 2 == 0 else sides[::-1]):
+      measured[side].append(spawn(side, name, videos, cpus))
+  run = {'model': name, 'videos': videos, 'ours': combine(measured['ours']),
+         'official': combine(measured['official']) if _OFFICIAL.value else None}
+  if cpus:
+    run['cpus'] = list(cpus)
+  return run
+
+
+def measure_at_once(points: Sequence[tuple[str, int]], sets: Sequence[Sequence[int]]):
+  """Yields `measure_point` of every point as each finishes, up to `len(sets)` at once, each
+  on a set of CPUs no other running point uses; the largest batches start first."""
+  free: queue.SimpleQueue = queue.SimpleQueue()
+  for cpus in sets:
+    free.put(cpus)
+
+  def on_free_cores(point: tuple[str, int]) -> dict[str, Any]:
+    cpus = free.get()
+    try:
+      return measure_point(*point, cpus=cpus)
+    finally:
+      free.put(cpus)
+
+  with futures.ThreadPoolExecutor(len(sets)) as pool:
+    pending = [pool.submit(on_free_cores, point)
+               for point in sorted(points, key=lambda point: -point[1])]
+    for done in futures.as_completed(pending):
+      yield done.result()
 
 
 def speed_up(official: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
@@ -308,13 +361,26 @@ def write_report(report: Mapping[str, Any]) -> None:
 
 def main(argv):
   del argv
-  xla_defaults.apply()  # as train.py does, before any device is used
   if _WORKER.value:
+    if _CPUS.value:  # before JAX or torch size their thread pools by it
+      os.sched_setaffinity(0, [int(cpu) for cpu in _CPUS.value])
+    xla_defaults.apply()  # as train.py does, before any device is used
     result = (run_ours if _WORKER.value == 'ours' else run_official)(_MODEL.value, _BATCH.value)
     print(RESULT + json.dumps(result), flush=True)
     return
+  xla_defaults.apply()
+  sets = core_sets(_CORES_PER_POINT.value) if _CORES_PER_POINT.value else None
+  if sets is not None:
+    if not sets:
+      raise app.UsageError(f'--cores_per_point={_CORES_PER_POINT.value}: no socket has that '
+                           f'many physical cores among the {usable_cores()} logical CPUs this '
+                           'process may run on.')
+    os.sched_setaffinity(0, sets[0])  # the peaks of one set, before JAX starts its threads
   os.environ[PREALLOCATE] = 'false'
   info = machine()
+  if sets is not None and info['platform'] != 'cpu':
+    raise app.UsageError('--cores_per_point is for CPUs: the points would share the '
+                         f'{info["device"]}.')
   size = 2048 if info['platform'] == 'cpu' else 8192
   peaks = {'float32': matmul_peak_gflops(size),
            'tensorfloat32': matmul_peak_gflops(size, precision='tensorfloat32'),
@@ -323,7 +389,8 @@ def main(argv):
         f'{info["device"]}; matmul peak GFLOP/s ' + ', '.join(
             f'{k} {v:.0f}' for k, v in peaks.items()) +
         f'; load {info["load_average_at_start"]:.1f}; peak memory: '
-        f'{"RSS" if info["platform"] == "cpu" else "device"}', flush=True)
+        f'{"RSS" if info["platform"] == "cpu" else "device"}'
+        + (f'; {len(sets)} points at once on CPUs {sets}' if sets else ''), flush=True)
   report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peaks,
                             'settings': {'captions': _CAPTIONS.value, 'steps': _STEPS.value,
                                          'min_seconds': _MIN_SECONDS.value,
@@ -331,35 +398,34 @@ def main(argv):
                                          'warmup': _WARMUP.value, 'rounds': _ROUNDS.value,
                                          'set': _SET.value,
                                          'huge_pages': _HUGE_PAGES.value,
-                                         'official': _OFFICIAL.value}, 'runs': []}
-  rows = []
+                                         'official': _OFFICIAL.value,
+                                         'cores_per_point': _CORES_PER_POINT.value},
+                            'runs': []}
   for name in _MODELS.value:
     load_config(name)  # a bad --models name fails before any run
-    for videos in map(int, _VIDEOS.value):
-      sides = ('official', 'ours') if _OFFICIAL.value else ('ours',)
-      measured = {side: [] for side in sides}
-      for index in range(_ROUNDS.value):
-        for side in (sides if index % 2 == 0 else sides[::-1]):
-          measured[side].append(spawn(side, name, videos))
-      ours = combine(measured['ours'])
-      official = combine(measured['official']) if _OFFICIAL.value else None
-      report['runs'].append({'model': name, 'videos': videos, 'ours': ours,
-                             'official': official})
-      if _OUTPUT.value:  # after every run: a run cut short keeps what it measured
-        write_report(report)
-      rows.append(row(name, videos, ours, official, peaks))
-      print(rows[-1], flush=True)
-      if 'error' in ours:
-        continue
-      program = ours['program']
-      print(f'  program: {program["stablehlo_ops"]:,} StableHLO ops ({program["dot_generals"]} '
-            f'dot_general), optimised {program["fusions"]:,} fusions, {program["while_loops"]} '
-            f'while loops, {program["custom_calls"]} custom calls; instructions by phase '
-            f'{program["instructions_by_phase"]}', flush=True)
-      if _PROFILE.value and 'profile' in ours:
-        print(step_profile.format_breakdown(ours['profile']), flush=True)
+  points = [(name, int(videos)) for name in _MODELS.value for videos in _VIDEOS.value]
+  runs = (measure_at_once(points, sets) if sets else
+          (measure_point(name, videos) for name, videos in points))
+  for run in runs:
+    report['runs'].append(run)
+    if _OUTPUT.value:  # after every run: a run cut short keeps what it measured
+      write_report(report)
+    ours = run['ours']
+    print(row(run['model'], run['videos'], ours, run['official'], peaks), flush=True)
+    if 'error' in ours:
+      continue
+    program = ours['program']
+    print(f'  program: {program["stablehlo_ops"]:,} StableHLO ops ({program["dot_generals"]} '
+          f'dot_general), optimised {program["fusions"]:,} fusions, {program["while_loops"]} '
+          f'while loops, {program["custom_calls"]} custom calls; instructions by phase '
+          f'{program["instructions_by_phase"]}', flush=True)
+    if _PROFILE.value and 'profile' in ours:
+      print(step_profile.format_breakdown(ours['profile']), flush=True)
+  report['runs'].sort(key=lambda run: points.index((run['model'], run['videos'])))
   report['machine']['load_average_at_end'] = os.getloadavg()[0]
-  print(HEADER + '\n' + '\n'.join(rows))
+  print(HEADER + '\n' + '\n'.join(
+      row(run['model'], run['videos'], run['ours'], run['official'], peaks)
+      for run in report['runs']))
   if _OUTPUT.value:
     write_report(report)
     print(f'wrote {_OUTPUT.value}')
