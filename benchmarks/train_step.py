@@ -27,6 +27,11 @@ With `--cores_per_point=N` (CPUs) several points run at once, each on its own N 
 (its workers pinned to them), the largest batches first: a full table on a many-core machine in
 a fraction of the time, the points sharing the caches and the memory bandwidth.
 
+With `--compilation_cache_dir=DIR` ours uses JAX's persistent compilation cache as train.py does
+by default: the second run of the same command loads the step instead of compiling it, which is
+what every run of a job after its first does (its compile time is then the load, and its peak
+memory has no compiler in it).
+
 With `--rounds=N` each model and batch size is measured N times, both sides back to back in
 every round and the order alternating (official first in the odd rounds), so that a shared
 machine's slow minutes fall on both sides alike: the table gives the median of the rounds'
@@ -66,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import host_memory, models, parallel, train, xla_defaults
+from prvr_jax import compilation_cache, host_memory, models, parallel, train, xla_defaults
 
 from common import (ROOT, core_sets, load_config, machine,  # benchmarks/common.py
                     matmul_peak_gflops, usable_cores)
@@ -97,6 +102,11 @@ _CORES_PER_POINT = flags.DEFINE_integer(
     'own set of this many physical cores (`common.core_sets`), the largest batches first; the '
     'matmul peaks are measured on one set before they start. 0: one point at a time on every '
     'core.', lower_bound=0)
+_CACHE = flags.DEFINE_string(
+    'compilation_cache_dir', None, 'Ours with JAX\'s persistent compilation cache in this '
+    'folder, as train.py runs by default (`compilation_cache`): run twice, the second run '
+    'measures a later run of the same job, which loads its step instead of compiling it. '
+    'Default: no cache, every run compiles.')
 _OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
                                 'of checkouts named as the repos; without it ours runs alone.')
 _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', sys.executable, 'Python (with torch) '
@@ -157,6 +167,8 @@ def timed(run, warmup: int, steps: int, min_seconds: float) -> list[float]:
 
 def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   host_memory.trim_after_compiles()  # as train.py does
+  if _CACHE.value:
+    compilation_cache.enable(_CACHE.value)
   config = load_config(name, _SET.value)
   mesh = parallel.make_mesh()
   tx, schedule = train.make_optimizer(config, total_steps=1000)
@@ -233,6 +245,8 @@ def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = No
     command.append(f'--official={_OFFICIAL.value}')
   if cpus:
     command.append(f'--cpus={",".join(map(str, cpus))}')
+  if _CACHE.value:
+    command.append(f'--compilation_cache_dir={_CACHE.value}')
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
   env.pop(PREALLOCATE, None)
@@ -399,7 +413,8 @@ def main(argv):
                                          'set': _SET.value,
                                          'huge_pages': _HUGE_PAGES.value,
                                          'official': _OFFICIAL.value,
-                                         'cores_per_point': _CORES_PER_POINT.value},
+                                         'cores_per_point': _CORES_PER_POINT.value,
+                                         'compilation_cache_dir': _CACHE.value},
                             'runs': []}
   for name in _MODELS.value:
     load_config(name)  # a bad --models name fails before any run
