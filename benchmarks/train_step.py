@@ -2,7 +2,7 @@ r"""Our jitted training step against the authors' official PyTorch step, side by
 
   python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
       [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] \
-      [--cores_per_point=N] [--profile] \
+      [--cores_per_point=N] [--compilation_cache_dir=DIR] [--profile] \
       [--set=train.matmul_precision=bfloat16] [--output=benchmarks/results/train_step.json]
 
 For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
