@@ -54,7 +54,7 @@ peak memory is then the device allocator's (JAX's `peak_bytes_in_use`, torch's
 sets by default (`xla_defaults`).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 import json
 import os
@@ -295,7 +295,8 @@ def measure_point(name: str, videos: int, cpus: Sequence[int] | None = None
   return run
 
 
-def measure_at_once(points: Sequence[tuple[str, int]], sets: Sequence[Sequence[int]]):
+def measure_at_once(points: Sequence[tuple[str, int]], sets: Sequence[Sequence[int]]
+                    ) -> Iterator[dict[str, Any]]:
   """Yields `measure_point` of every point as each finishes, up to `len(sets)` at once, each
   on a set of CPUs no other running point uses; the largest batches start first."""
   free: queue.SimpleQueue = queue.SimpleQueue()
