@@ -376,14 +376,13 @@ def write_report(report: Mapping[str, Any]) -> None:
 
 def main(argv):
   del argv
+  xla_defaults.apply()  # as train.py does, before any device is used
   if _WORKER.value:
     if _CPUS.value:  # before JAX or torch size their thread pools by it
       os.sched_setaffinity(0, [int(cpu) for cpu in _CPUS.value])
-    xla_defaults.apply()  # as train.py does, before any device is used
     result = (run_ours if _WORKER.value == 'ours' else run_official)(_MODEL.value, _BATCH.value)
     print(RESULT + json.dumps(result), flush=True)
     return
-  xla_defaults.apply()
   sets = core_sets(_CORES_PER_POINT.value) if _CORES_PER_POINT.value else None
   if sets is not None:
     if not sets:
