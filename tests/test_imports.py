@@ -102,3 +102,15 @@ def test_every_module_imports_alone():
   proc = subprocess.run([sys.executable, '-c', _IMPORT_EACH, *names], cwd=support.REPO,
                         env=support.cli_env(None), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_the_step_imports_neither_orbax_nor_scipy_optimize():
+  """Building models, the optimiser and the train step loads neither the checkpointer (orbax)
+  nor the Hungarian solver (scipy.optimize): 60 MB of every such process's memory."""
+  code = ('import sys; import prvr_jax.models, prvr_jax.train; '
+          "print(sorted(m for m in ('orbax.checkpoint', 'scipy.optimize', 'tensorflow') "
+          'if m in sys.modules))')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=support.REPO,
+                        env=support.cli_env(None), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split('\n')[-2] == '[]', proc.stdout

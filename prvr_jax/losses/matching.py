@@ -18,7 +18,6 @@ Ties between equal-cost assignments are broken by scipy.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import optimize
 
 from prvr_jax.losses.masking import masked_mean, upcast
 from prvr_jax.ops import l2_normalize
@@ -27,6 +26,8 @@ from prvr_jax.ops import l2_normalize
 def _assign_one(cost: np.ndarray, query_video: np.ndarray,
                 query_valid: np.ndarray) -> np.ndarray:
   """Host assignment for one unbatched problem, see `hungarian_assignment`."""
+  # Imported on first use: scipy.optimize adds 36 MB to every process that imports the losses.
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
   assignment = np.full(query_video.shape, -1, np.int32)
   for video in np.unique(query_video[query_valid]):
     rows = np.flatnonzero(query_valid & (query_video == video))
