@@ -113,4 +113,4 @@ def test_the_step_imports_neither_orbax_nor_scipy_optimize():
   proc = subprocess.run([sys.executable, '-c', code], cwd=support.REPO,
                         env=support.cli_env(None), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.split('\n')[-2] == '[]', proc.stdout
+  assert proc.stdout.strip().splitlines()[-1] == '[]', proc.stdout
