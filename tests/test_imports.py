@@ -106,7 +106,8 @@ def test_every_module_imports_alone():
 
 def test_the_step_imports_neither_orbax_nor_scipy_optimize():
   """Building models, the optimiser and the train step loads neither the checkpointer (orbax)
-  nor the Hungarian solver (scipy.optimize): 60 MB of every such process's memory."""
+  nor the Hungarian solver (scipy.optimize), 60 MB of every such process's memory, nor
+  TensorFlow."""
   code = ('import sys; import prvr_jax.models, prvr_jax.train; '
           "print(sorted(m for m in ('orbax.checkpoint', 'scipy.optimize', 'tensorflow') "
           'if m in sys.modules))')
