@@ -3,7 +3,8 @@ r"""Our jitted training step against the authors' official PyTorch step, side by
   python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
       [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] \
       [--cores_per_point=N] [--compilation_cache_dir=DIR] [--profile] \
-      [--set=train.matmul_precision=bfloat16] [--output=benchmarks/results/train_step.json]
+      [--set=train.matmul_precision=bfloat16] [--ours_malloc=PATH] \
+      [--output=benchmarks/results/train_step.json]
 
 For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
 size (videos, `--captions` captions each, T-MASS one; full-length videos, captions of 8..30
@@ -40,6 +41,7 @@ highest peak memory of any round.
 
 Ours runs with glibc's huge-page malloc where train.py would (`host_memory`), the official
 step as its own scripts run it; `--huge_pages=both` gives the official step the same setting.
+`--ours_malloc=PATH` preloads another malloc (tcmalloc) into our worker alone.
 
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
@@ -117,6 +119,10 @@ _HUGE_PAGES = flags.DEFINE_enum(
     'huge_pages', 'ours', ['ours', 'both', 'none'], 'Which side runs with glibc\'s huge-page '
     'malloc (`host_memory.huge_page_environ`): ours as train.py runs it, both sides, or '
     'neither.')
+_OURS_MALLOC = flags.DEFINE_string(
+    'ours_malloc', None, 'A malloc library that our worker runs with (LD_PRELOAD), e.g. '
+    'tcmalloc\'s libtcmalloc_minimal.so.4 (docs/training.md, "Another malloc"); the official '
+    'step keeps glibc\'s.')
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also break our step time down by op kind.')
 _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value (e.g. '
                                  'train.matmul_precision=bfloat16), applied to ours; repeatable.')
@@ -200,6 +206,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   result['peak_device_mb'] = peak_device_mb()
   result['xla_flags'] = os.environ.get(xla_defaults.ENV, '')
   result['glibc_tunables'] = os.environ.get(host_memory.GLIBC_TUNABLES, '')
+  result['ld_preload'] = os.environ.get('LD_PRELOAD', '')
   return result
 
 
@@ -222,7 +229,8 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
           'peak_device_mb': official_train_step.peak_device_mb(),
           'matmul_gflop': official_train_step.matmul_gflop(step),
-          'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, '')}
+          'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, ''),
+          'ld_preload': os.environ.get('LD_PRELOAD', '')}
 
 
 # --------------------------------------------------------------------------------- the driver
@@ -254,6 +262,8 @@ def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = No
     env[PREALLOCATE] = _USER_PREALLOCATE
   if _HUGE_PAGES.value in ('both', side):
     env = host_memory.huge_page_environ(env) or env
+  if side == 'ours' and _OURS_MALLOC.value:
+    env['LD_PRELOAD'] = _OURS_MALLOC.value
   done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):
@@ -384,6 +394,8 @@ def main(argv):
     print(RESULT + json.dumps(result), flush=True)
     return
   sets = core_sets(_CORES_PER_POINT.value) if _CORES_PER_POINT.value else None
+  if _OURS_MALLOC.value and not os.path.isfile(_OURS_MALLOC.value):
+    raise app.UsageError(f'--ours_malloc: no such file: {_OURS_MALLOC.value}')
   if sets is not None:
     if not sets:
       raise app.UsageError(f'--cores_per_point={_CORES_PER_POINT.value}: no socket has that '
@@ -412,6 +424,7 @@ def main(argv):
                                          'warmup': _WARMUP.value, 'rounds': _ROUNDS.value,
                                          'set': _SET.value,
                                          'huge_pages': _HUGE_PAGES.value,
+                                         'ours_malloc': _OURS_MALLOC.value,
                                          'official': _OFFICIAL.value,
                                          'cores_per_point': _CORES_PER_POINT.value,
                                          'compilation_cache_dir': _CACHE.value},
