@@ -86,6 +86,7 @@ RESULT = 'RESULT '  # prefix of a worker's JSON line on stdout
 # default), which would leave the workers too little (XLA then fails to autotune the step's
 # matmuls: "BlasLt is unavailable"); the workers get the user's setting.
 PREALLOCATE = 'XLA_PYTHON_CLIENT_PREALLOCATE'
+LD_PRELOAD = 'LD_PRELOAD'
 _USER_PREALLOCATE = os.environ.get(PREALLOCATE)
 
 _MODELS = flags.DEFINE_list('models', ['gmmformer_v2'], 'Models (configs/<name>.py) to time.')
@@ -171,6 +172,12 @@ def timed(run, warmup: int, steps: int, min_seconds: float) -> list[float]:
 
 # ------------------------------------------------------------------------------------ workers
 
+def malloc_settings() -> dict[str, str]:
+  """How this worker's malloc was set up: glibc's tunables and any preloaded library."""
+  return {'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, ''),
+          'ld_preload': os.environ.get(LD_PRELOAD, '')}
+
+
 def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   host_memory.trim_after_compiles()  # as train.py does
   if _CACHE.value:
@@ -205,9 +212,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   result['peak_rss_mb'] = peak_rss_mb()
   result['peak_device_mb'] = peak_device_mb()
   result['xla_flags'] = os.environ.get(xla_defaults.ENV, '')
-  result['glibc_tunables'] = os.environ.get(host_memory.GLIBC_TUNABLES, '')
-  result['ld_preload'] = os.environ.get('LD_PRELOAD', '')
-  return result
+  return {**result, **malloc_settings()}
 
 
 def official_checkout(path: str, name: str) -> str:
@@ -229,8 +234,7 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
   return {'step_s': times, 'loss': float(step()), **info, 'peak_rss_mb': peak_rss_mb(),
           'peak_device_mb': official_train_step.peak_device_mb(),
           'matmul_gflop': official_train_step.matmul_gflop(step),
-          'glibc_tunables': os.environ.get(host_memory.GLIBC_TUNABLES, ''),
-          'ld_preload': os.environ.get('LD_PRELOAD', '')}
+          **malloc_settings()}
 
 
 # --------------------------------------------------------------------------------- the driver
@@ -263,7 +267,7 @@ def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = No
   if _HUGE_PAGES.value in ('both', side):
     env = host_memory.huge_page_environ(env) or env
   if side == 'ours' and _OURS_MALLOC.value:
-    env['LD_PRELOAD'] = _OURS_MALLOC.value
+    env[LD_PRELOAD] = _OURS_MALLOC.value
   done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):
