@@ -9,8 +9,8 @@ path), reads it with `pipeline.train_iterator` at the paper's batch (128 videos)
 and reports batches/s after a warm-up. It then times one jitted training step of
 GMMFormer v2 (`configs/gmmformer_v2.py:tvr`, `prvr_jax.train.make_train_step`) on the
 first of those batches, and prints step time / batch time: the pipeline must not be
-the bottleneck (target: at least 3x). The full-size step at 128 videos needs more than
-19 GB of host memory on CPU; `--step_batch` times the step at a smaller batch instead
+the bottleneck (target: at least 3x). The full-size step at 128 videos needs the host memory
+docs/benchmarks.md lists for it on CPU; `--step_batch` times the step at a smaller batch instead
 and compares time per video (step and pipeline both scale about linearly with it).
 """
 

@@ -606,7 +606,7 @@ def make_step(name: str, path: str, config_model: Any, batch: dict[str, np.ndarr
     epoch: the epoch of the step (hard negatives from the official start epoch on).
     threads: torch CPU threads (default: all cores).
     detect_anomaly: MS-SL's step runs in autograd anomaly mode, as its released loop does
-      (about 1.5x the time); False times it without. Other models never use it.
+      (slower: it checks every backward op); False times it without. Other models never use it.
 
   Returns:
     (step, info): `step()` runs one official update (model.train(), zero_grad, forward, the

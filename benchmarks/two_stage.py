@@ -1,9 +1,9 @@
 r"""Two-stage search (faiss candidates, then exact rescoring) against exact search, side by side.
 
-  python benchmarks/two_stage.py --dir=/scratch/two_stage   # 100k videos: 1.5 GB, ~4 min
+  python benchmarks/two_stage.py --dir=/scratch/two_stage   # 100k videos: 1.5 GB on disk
   python benchmarks/two_stage.py --dir=/scratch/two_stage --videos=1000000 \
       --settings=128:200:8,256:200:0,256:200:8,512:500:8,1024:500:8,256:1000:0
-      # 1M: 15 GB on disk, ~22 min
+      # 1M: 15 GB on disk
 
 Run from the repository root (the default --config is a path). Results: docs/two_stage.md.
 
@@ -68,8 +68,8 @@ _SETTINGS = flags.DEFINE_list(
                  '128:1000:0'],
     'Two-stage settings, one table row each: nprobe:candidates:refine.')
 _RESCORE_BATCH = flags.DEFINE_integer(
-    'rescore_batch', 1, 'Queries rescored together by search_two_stage (8 was slower than 1 '
-    'on a 2-core CPU: docs/two_stage.md).')
+    'rescore_batch', 1, 'Queries rescored together by search_two_stage (docs/two_stage.md '
+    'compares batch sizes).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the gallery and the queries.')
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/gmmformer.py:tvr', 'The model (GMMFormer at the paper size; the '

@@ -17,7 +17,7 @@ The paper's loss values instead of the code's: `--config.loss.moment_relevance=1
 --config.loss.moment_relevance_margin=0.05` (TVR; 0.1 ActivityNet) `--config.loss.clip_nce=0.02`
 (docs/paper_vs_code.md). GMMFormer v2's L_div / L_om plug in with `--config.loss.qdl`,
 `--config.loss.om` (0: off). The default variant ends with test SumR about 251 (R@1 29.2) on
-the synthetic benchmark in about 30 seconds on 2 CPU cores (docs/synthetic.md).
+the synthetic benchmark (docs/synthetic.md, which gives its run time).
 """
 
 import ml_collections

@@ -13,7 +13,7 @@ Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activi
   Charades-STA  1.8 /  7.1 / 11.8 / 47.7 /  68.4
 GMMFormer v2's L_div and L_om plug in with `--config.loss.qdl=W --config.loss.om=W` (0: off,
 the official MS-SL). The default variant ends with test SumR about 300 (R@1 43.4) on the
-synthetic benchmark in under 2 minutes on 2 CPU cores (docs/synthetic.md).
+synthetic benchmark (docs/synthetic.md, which gives its run time).
 """
 
 import ml_collections

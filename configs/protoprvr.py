@@ -17,7 +17,7 @@ I3D/ResNet + RoBERTa, so K = 6 and, on ActivityNet, lambda_ortho = 0.3), `qvhigh
 An ablation of the paper's Tables 4-6 is a second `:arg` part, e.g.
 `--config=configs/protoprvr.py:tvr,table4_retrieval` (names in `ABLATIONS`). The default
 variant ends with test SumR about 204 (R@1 23.3; mean-pooled baseline 129.0) on the synthetic
-benchmark in about 2 minutes on 2 CPU cores (docs/protoprvr.md, which also lists every choice
+benchmark (docs/protoprvr.md, which also lists every choice
 the paper leaves open, and docs/synthetic.md).
 """
 

@@ -21,7 +21,7 @@ paper_alpha` (the support-text weight 1.2 of the paper's best run; the official 
 Published text-to-video R@1 / R@5 / R@10 (ViT-B/32; measured with the leaking evaluation; a
 third party measured MSRVTT R@1 41.9 after fixing it):
   MSRVTT 50.2 / 75.3 / 85.1   LSMDC 28.9 / 48.2 / 57.6   DiDeMo 50.9 / 77.2 / 85.3
-The default variant ends in about 30 s on 2 CPU cores with test R@1 27.6 +- 2.6, SumR
+The default variant ends with test R@1 27.6 +- 2.6, SumR
 256.9 +- 2.4 over 3 seeds (mean-pooled features: SumR 93.0 zero-shot, 73.0 with a ridge map;
 docs/tmass.md).
 """

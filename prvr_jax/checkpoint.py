@@ -286,8 +286,8 @@ class Checkpoints:
 
   def save_latest(self, state: Any, meta: dict[str, Any]) -> None:
     """Saves the train state; written in the background, except on a CPU backend, where that
-    write would compete with the next train steps for the same cores (measured: the next
-    epoch's first step 1.15x its median, the epoch's steps 10% slower; docs/benchmarks.md)."""
+    write would compete with the next train steps for the same cores and slow them
+    (docs/benchmarks.md, "What the defaults rest on")."""
     self.latest.save(state, meta)
     if jax.default_backend() == 'cpu':
       self.latest.wait()

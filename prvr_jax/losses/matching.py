@@ -26,7 +26,7 @@ from prvr_jax.ops import l2_normalize
 def _assign_one(cost: np.ndarray, query_video: np.ndarray,
                 query_valid: np.ndarray) -> np.ndarray:
   """Host assignment for one unbatched problem, see `hungarian_assignment`."""
-  # Imported on first use: scipy.optimize adds 36 MB to every process that imports the losses.
+  # Imported on first use: scipy.optimize is a heavy import that most users of the losses skip.
   from scipy import optimize  # pylint: disable=g-import-not-at-top
   assignment = np.full(query_video.shape, -1, np.int32)
   for video in np.unique(query_video[query_valid]):

@@ -22,8 +22,8 @@ import tqdm
 from prvr_jax import files
 
 if TYPE_CHECKING:
-  # Only a type here: orbax (under prvr_jax.checkpoint) would add 24 MB and 0.2 s to
-  # `import prvr_jax.train` for users of the step alone.
+  # Only a type here: importing orbax (under prvr_jax.checkpoint) would add its memory and
+  # import time to `import prvr_jax.train` for users of the step alone.
   from prvr_jax.checkpoint import Checkpoints
 
 METRICS_FILE = 'metrics.jsonl'
