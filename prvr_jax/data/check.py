@@ -406,16 +406,13 @@ class _Checker:
 
   def _check_overlap(self, videos_of: dict[str, list[str]]) -> None:
     train = self.data.get('train_split', 'train')
-    if train not in videos_of or self.data.get('allow_split_overlap', False):
+    if self.data.get('allow_split_overlap', False):
       return
-    seen = set(videos_of[train])
-    for name, videos in videos_of.items():
-      shared = [v for v in videos if v in seen]
-      if name != train and shared:
-        self.report.problem(
-            f'{self.rel.layout.caption_path(name)}: split {name!r} shares {len(shared)} '
-            f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
-            'leakage; config.data.allow_split_overlap=True accepts it)')
+    for name, shared in release_lib.shared_videos(videos_of, train).items():
+      self.report.problem(
+          f'{self.rel.layout.caption_path(name)}: split {name!r} shares {len(shared)} '
+          f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
+          'leakage; config.data.allow_split_overlap=True accepts it)')
 
   def _note_unused(self, videos_of: dict[str, list[str]],
                    captions_of: dict[str, list[str]]) -> None:

@@ -32,6 +32,7 @@ import tensorflow as tf
 from prvr_jax import files
 from prvr_jax import metrics
 from prvr_jax.files import short
+from prvr_jax.data import frames
 from prvr_jax.data import shard_format
 
 _log = logging.getLogger(__name__)
@@ -228,13 +229,6 @@ def _local(global_size: int, process_count: int, flag: str) -> int:
   return global_size // process_count
 
 
-def _keep_tf_off_accelerators() -> None:
-  try:
-    tf.config.set_visible_devices([], 'GPU')
-  except RuntimeError:  # devices already initialised; TF then runs where it already ran
-    pass
-
-
 # ----------------------------------------------------------------------------- parsing
 
 
@@ -427,7 +421,7 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
   spe = steps_per_epoch(s, global_batch_size, process_count)
   auto_q = s.max_queries(local)
   num_slots = max_queries_per_batch or auto_q
-  _keep_tf_off_accelerators()
+  frames.keep_tf_off_accelerators()
 
   start_epoch, skip_batches = divmod(start_step, spe)
   files = tf.constant([x.path for x in mine], tf.string, shape=[len(mine)])
@@ -529,7 +523,7 @@ def _eval_setup(shards, split, global_batch_size, process_index, process_count, 
                                               process_count, verify)
   most = max(sum(count(x) for x in s.host_shards(i, process_count)) for i in range(process_count))
   num_batches = -(-most // local)
-  _keep_tf_off_accelerators()
+  frames.keep_tf_off_accelerators()
   return mine, local, num_batches, sum(count(x) for x in mine)
 
 

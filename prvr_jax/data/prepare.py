@@ -289,16 +289,10 @@ def split_overlaps(out_dir: str, manifest: dict[str, Any], train_split: str
     entry = manifest['splits'][name]
     with open(os.path.join(out_dir, entry['index']['file']), encoding='utf-8') as f:
       return json.load(f)['video_ids']
-  if train_split not in manifest['splits']:
-    return {}
-  train = set(videos(train_split))
-  out = {}
-  for name in sorted(manifest['splits']):
-    if name != train_split:
-      shared = [v for v in videos(name) if v in train]
-      if shared:
-        out[f'{train_split}&{name}'] = {'videos': len(shared), 'first': shared[:3]}
-  return out
+  shared = release_lib.shared_videos(
+      {name: videos(name) for name in sorted(manifest['splits'])}, train_split)
+  return {f'{train_split}&{name}': {'videos': len(ids), 'first': ids[:3]}
+          for name, ids in shared.items()}
 
 
 def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Release) -> int:

@@ -299,15 +299,9 @@ def count(videos: Sequence[Video]) -> SplitCounts:
 def split_overlaps(tables: Mapping[str, Sequence[Video]], train_split: str = 'train'
                    ) -> dict[str, list[str]]:
   """Video ids `train_split` shares with each other split: 'train&val' -> ids."""
-  if train_split not in tables:
-    return {}
-  train = {v.video_id for v in tables[train_split]}
-  out = {}
-  for name, videos in tables.items():
-    shared = [v.video_id for v in videos if v.video_id in train]
-    if name != train_split and shared:
-      out[f'{train_split}&{name}'] = shared
-  return out
+  shared = release_lib.shared_videos(
+      {name: [v.video_id for v in videos] for name, videos in tables.items()}, train_split)
+  return {f'{train_split}&{name}': ids for name, ids in shared.items()}
 
 
 # ----------------------------------------------------------------------------- features

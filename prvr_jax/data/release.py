@@ -252,6 +252,18 @@ def video_ids_in_order(captions: Iterable[tuple[str, str]]) -> list[str]:
 # ----------------------------------------------------------------------------- HDF5
 
 
+def shared_videos(videos_of: Mapping[str, Sequence[str]], train_split: str = 'train'
+                  ) -> dict[str, list[str]]:
+  """Video ids each other split shares with `train_split` (test leakage), in that split's
+  order: other split name -> ids (splits sharing none are left out)."""
+  if train_split not in videos_of:
+    return {}
+  train = set(videos_of[train_split])
+  shared = {name: [v for v in videos if v in train]
+            for name, videos in videos_of.items() if name != train_split}
+  return {name: ids for name, ids in shared.items() if ids}
+
+
 class H5Features:
   """One HDF5 dataset per id; the file is opened lazily (and again in a forked process)."""
 
@@ -822,6 +834,10 @@ class BigFileWriter:
     with open(os.path.join(self.folder, 'shape.txt'), 'w') as f:
       f.write(f'{len(self._ids)} {self._dim or 0}')
 
+  def abort(self) -> None:
+    """Stops writing (the folder is left as it is)."""
+    self._bin.close()
+
 
 class ReleaseWriter:
   """The one writer of the release layout (`Layout`): a collection folder written item by
@@ -889,22 +905,26 @@ class ReleaseWriter:
 
   def close(self) -> str:
     """Finishes the files and puts the folder in place; returns `collection_dir`."""
-    self._queries.close()
-    if self._clip:
-      self._videos.close()
-    else:
-      self._frames.close()
-      write_video2frames(self.layout.video2frames_path, self._video2frames)
-    os.rename(self._partial, self.collection_dir)
+    try:
+      self._queries.close()
+      if self._clip:
+        self._videos.close()
+      else:
+        self._frames.close()
+        write_video2frames(self.layout.video2frames_path, self._video2frames)
+      os.rename(self._partial, self.collection_dir)
+    except BaseException:
+      self.abort()
+      raise
     return self.collection_dir
 
   def abort(self) -> None:
     """Removes what was written."""
-    for f in (self._queries, getattr(self, '_videos', None)):
-      if f is not None:
-        f.close()
-    if not self._clip:
-      self._frames._bin.close()  # pylint: disable=protected-access
+    self._queries.close()
+    if self._clip:
+      self._videos.close()
+    else:
+      self._frames.abort()
     shutil.rmtree(self._partial, ignore_errors=True)
 
   def __enter__(self) -> 'ReleaseWriter':
