@@ -45,6 +45,7 @@ from prvr_jax import files
 from prvr_jax.data import catalogue
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import shard_format
+from prvr_jax.data import text_video
 from prvr_jax.files import short
 
 _log = logging.getLogger(__name__)
@@ -597,9 +598,8 @@ class _Checker:
     report.target = os.path.abspath(data.annotations)
     report.notes.append('annotations and frame folders: counts and frame lists are checked; '
                         'images are not decoded or checksummed')
-    # Imported here: both import TensorFlow.
+    # Imported here: it imports TensorFlow.
     from prvr_jax.data import frames as frames_lib  # pylint: disable=g-import-not-at-top
-    from prvr_jax.data import text_video  # pylint: disable=g-import-not-at-top
     try:
       splits = text_video.read_splits(data.collection, data.annotations)
     except (FileNotFoundError, release_lib.DataError, ValueError) as e:
