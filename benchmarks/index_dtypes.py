@@ -25,8 +25,8 @@ import numpy as np
 
 from prvr_jax import index as index_lib
 from prvr_jax import parallel
-from prvr_jax.eval import Evaluator, eval_split
-from prvr_jax.data import pipeline
+from prvr_jax.eval import Evaluator
+from prvr_jax.data import run_data
 from prvr_jax.models import registry
 
 _ROOT = flags.DEFINE_string('root', None, 'Workdirs, indexes and the JSON go here.')
@@ -59,8 +59,7 @@ def measure(model: str, root: str) -> dict:
     train.train_and_evaluate(config, workdir)
   mesh = parallel.make_mesh()
   evaluator = Evaluator.from_config(config, mesh)
-  shards = pipeline.open_run_data(config, workdir)
-  data = eval_split(config, shards, 'test')
+  data = run_data.open_run_data(config, workdir).eval_split('test')
   rows = {}
   for dtype in index_lib.STORAGE_DTYPES:
     index = index_lib.build_from_checkpoint(config, workdir, 'test',

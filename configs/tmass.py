@@ -8,7 +8,7 @@ Launch (the embedded synthetic text-video task is the default variant):
       --config.data.dir=/data/text_video/msrvtt --workdir=/tmp/tmass_msrvtt
 
 Variants: `synthetic` (default), `tiny`, `msrvtt_features` (frozen CLIP ViT-B/32 features of
-MSRVTT 9k / 1k-A, written by `python -m prvr_jax.data.text_video`), and the end-to-end recipes
+MSRVTT 9k / 1k-A, written by `prvr-write-text-video`), and the end-to-end recipes
 `msrvtt`, `didemo`, `lsmdc` (CLIP ViT-B/32 fine-tuned on frames):
 
   python train.py --config=configs/tmass.py:msrvtt --config.data.annotations=/data/msrvtt/anno \

@@ -1,6 +1,6 @@
 r"""Checks a feature release against its catalogue entry before a long run.
 
-  python -m prvr_jax.data.check --config=configs/ms_sl.py:tvr --config.data.dir=/data/prvr/tvr
+  prvr-check --config=configs/ms_sl.py:tvr --config.data.dir=/data/prvr/tvr
 
 reads the whole release once, streaming (a progress bar on stderr), and prints a short report
 ending in a verdict: `VERDICT: OK`, `VERDICT: PROBLEMS (n)` with one line per problem naming
@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -44,14 +44,14 @@ import tqdm
 from prvr_jax import files
 from prvr_jax.data import catalogue
 from prvr_jax.data import release as release_lib
+from prvr_jax.data import shard_format
+from prvr_jax.data import text_video
 from prvr_jax.files import short
 
 _log = logging.getLogger(__name__)
 
 CHECKSUMS_FILE = 'prvr_checksums.json'
 CHECKSUMS_FORMAT = 'prvr_jax.release_checksums'
-# prepare.MANIFEST, not imported: prepare pulls in TensorFlow Datasets.
-SHARD_MANIFEST = 'manifest.json'
 _BLOCK_BYTES = 32 << 20  # feature.bin is read in blocks of about this size
 _LISTED = 20  # problems printed in full
 
@@ -126,8 +126,8 @@ class Report:
     """Raises `release.DataError` listing the problems (nothing when there are none)."""
     if self.problems:
       raise release_lib.DataError(
-          f'{len(self.problems)} problem(s) in the data at {self.target} (full check: python '
-          f'-m prvr_jax.data.check):\n{files.listing(self.problems, limit=_LISTED)}')
+          f'{len(self.problems)} problem(s) in the data at {self.target} (full check: '
+          f'prvr-check):\n{files.listing(self.problems, limit=_LISTED)}')
 
 
 def cheap_check(config: Any, expected: catalogue.FeatureRelease | None = None, *,
@@ -172,6 +172,24 @@ def check_release(config: Any, expected: catalogue.FeatureRelease | None = None,
   """
   checker = _Checker(config, expected, use_catalogue, record)
   return checker.run(full=True, update_record=update_record, progress=progress)
+
+
+def check_shards(shards: Any, config: Any) -> None:
+  """Raises naming the `config.model` / `config.data` flag whose value disagrees with the
+  shards (a `pipeline.ShardDataset`: their dims, or the collection and features they
+  were prepared from)."""
+  checks = [('model', flag, value) for flag, value in (
+      ('visual_dim', shards.visual_dim), ('query_dim', shards.query_dim),
+      ('num_clips', shards.num_clips), ('max_frames', shards.max_frames),
+      ('max_query_len', shards.max_query_len))]
+  checks += [('data', flag, shards.preprocessing.get(flag))
+             for flag in ('collection', 'visual_feature', 'text_feature')]
+  for section, flag, value in checks:
+    want = config[section].get(flag)
+    if want and value is not None and want != value:
+      raise ValueError(f'config.{section}.{flag}={want!r} but the shards in {shards.dir} have '
+                       f'{flag}={value!r}; set --config.{section}.{flag}={value} if this is the '
+                       'data you mean, or point config.data.dir to the right data')
 
 
 # ----------------------------------------------------------------------------- checking
@@ -231,9 +249,9 @@ class _Checker:
     if not os.path.isdir(path):
       report.problem(f'config.data.dir={path} does not exist')
       return report
-    if os.path.isfile(os.path.join(path, SHARD_MANIFEST)):
+    if os.path.isfile(os.path.join(path, shard_format.MANIFEST)):
       report.nothing_to_check = (
-          f'config.data.dir={path} is a prepared shard folder ({SHARD_MANIFEST}), whose '
+          f'config.data.dir={path} is a prepared shard folder ({shard_format.MANIFEST}), whose '
           'records are checked when they are read; check the release it was prepared from.')
       report.expected = None
       return report
@@ -389,16 +407,13 @@ class _Checker:
 
   def _check_overlap(self, videos_of: dict[str, list[str]]) -> None:
     train = self.data.get('train_split', 'train')
-    if train not in videos_of or self.data.get('allow_split_overlap', False):
+    if self.data.get('allow_split_overlap', False):
       return
-    seen = set(videos_of[train])
-    for name, videos in videos_of.items():
-      shared = [v for v in videos if v in seen]
-      if name != train and shared:
-        self.report.problem(
-            f'{self.rel.layout.caption_path(name)}: split {name!r} shares {len(shared)} '
-            f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
-            'leakage; config.data.allow_split_overlap=True accepts it)')
+    for name, shared in release_lib.shared_videos(videos_of, train).items():
+      self.report.problem(
+          f'{self.rel.layout.caption_path(name)}: split {name!r} shares {len(shared)} '
+          f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
+          'leakage; config.data.allow_split_overlap=True accepts it)')
 
   def _note_unused(self, videos_of: dict[str, list[str]],
                    captions_of: dict[str, list[str]]) -> None:
@@ -583,9 +598,8 @@ class _Checker:
     report.target = os.path.abspath(data.annotations)
     report.notes.append('annotations and frame folders: counts and frame lists are checked; '
                         'images are not decoded or checksummed')
-    # Imported here: both import TensorFlow.
+    # Imported here: it imports TensorFlow.
     from prvr_jax.data import frames as frames_lib  # pylint: disable=g-import-not-at-top
-    from prvr_jax.data import text_video  # pylint: disable=g-import-not-at-top
     try:
       splits = text_video.read_splits(data.collection, data.annotations)
     except (FileNotFoundError, release_lib.DataError, ValueError) as e:
@@ -607,40 +621,3 @@ class _Checker:
         frames_lib.list_frame_files(os.path.join(data.frames_dir, v), v)
       except (FileNotFoundError, release_lib.DataError) as e:
         report.problem(str(e))
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str]) -> None:
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  fl = flags.FLAGS
-  kwargs = dict(use_catalogue=fl.catalogue, record=fl.record or None)
-  if fl.cheap:
-    report = cheap_check(fl.config, **kwargs)
-  else:
-    report = check_release(fl.config, update_record=fl.update_record, progress=fl.progress,
-                           **kwargs)
-  print(report.format())
-  sys.exit(0 if report.ok else 1)
-
-
-if __name__ == '__main__':
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from prvr_jax import config_lib  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file('config', None, 'model config file[:variant], e.g. '
-                                  'configs/ms_sl.py:tvr', lock_config=True)
-  flags.DEFINE_string('record', '', f'checksum record (default: <collection folder>/'
-                      f'{CHECKSUMS_FILE})')
-  flags.DEFINE_bool('update_record', False, 'replace the checksum record with the current '
-                    'checksums')
-  flags.DEFINE_bool('catalogue', True, 'compare with the catalogue entry of the config '
-                    '(published dims and split sizes); --nocatalogue for a release of your own')
-  flags.DEFINE_bool('cheap', False, 'only the cheap part: no feature value read, no checksum')
-  flags.DEFINE_bool('progress', True, 'show a progress bar on stderr')
-  flags.mark_flag_as_required('config')
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)

@@ -13,7 +13,7 @@ of a split once and every caption once (`EvalSplit`), so it ranks like every oth
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -21,14 +21,14 @@ from jax.sharding import Mesh
 import numpy as np
 
 from prvr_jax import clip
-from prvr_jax import parallel
+from prvr_jax.data import protocol
 from prvr_jax.data import text_video
-
-SPLITS = ('train', 'val', 'test')
+from prvr_jax.data import text_video_frames
+from prvr_jax.eval.splits import EvalSplit
 
 
 @dataclasses.dataclass
-class FrameData:
+class FrameData(protocol.RunData):
   """The splits of a text-video dataset, its frame folders and its tokenizer.
 
   Attributes:
@@ -37,15 +37,18 @@ class FrameData:
     tokenize: captions -> `[N, context_length]` int32 CLIP tokens.
     annotations: the annotation folder.
     image_size: the backbone's input side (frames are resized and cropped to it).
+    num_frames: frames sampled per video (`config.model.num_frames`).
+    batching: as `protocol.RunData`.
   """
   dir: str
   splits: dict[str, text_video.TextVideoSplit]
   tokenize: Callable[[list[str]], np.ndarray]
   annotations: str
   image_size: int
+  num_frames: int
+  batching: protocol.Batching
 
   def identity(self) -> dict[str, Any]:
-    """What a checkpoint records of its data (compared when a run resumes)."""
     return {'source': 'frames', 'frames_dir': os.path.abspath(self.dir),
             'annotations': os.path.abspath(self.annotations),
             'splits': {name: {'dataset': s.dataset, 'official_split': s.name,
@@ -57,8 +60,51 @@ class FrameData:
       raise ValueError(f'no split {name!r} in {self.annotations}; it has {sorted(self.splits)}')
     return self.splits[name]
 
+  @property
+  def steps_per_epoch(self) -> int:
+    """ceil(training pairs / global batch)."""
+    return protocol.pair_steps(len(self.split('train').captions), self.batching.batch_size)
 
-def open_frame_data(config: Any) -> FrameData:
+  def train_batches(self, start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
+    """Earlier batches are read and dropped (resuming re-reads their frames); every host
+    reads the whole stream."""
+    batches = text_video_frames.frame_dataset(
+        self.split('train'), self.dir, tokenize=self.tokenize,
+        batch_size=self.batching.batch_size, num_frames=self.num_frames, train_augment=True,
+        shuffle=True, seed=self.batching.seed, num_epochs=None, size=self.image_size)
+    return protocol.global_pair_batches(
+        ({'frames': b['frames'], 'tokens': b['tokens'], 'valid': b['valid']} for b in batches),
+        start_step, mesh)
+
+  def eval_split(self, split: str) -> EvalSplit:
+    """`split` ('val' / 'test'): every video once, every caption once."""
+    s = self.split(split)
+    # One pair per video (its first caption) yields each video's frames once, in split order.
+    first = {}
+    for caption in s.captions:
+      first.setdefault(caption[1], caption)
+    videos = dataclasses.replace(s, captions=[first[v] for v in s.video_ids])
+    caption_video = s.caption_video_index().astype(np.int64)
+    tokens = self.tokenize([text for _, _, text in s.captions])
+
+    def video_batches():
+      for batch in text_video_frames.frame_dataset(videos, self.dir, tokenize=self.tokenize,
+                                            batch_size=self.batching.video_batch_size,
+                                            num_frames=self.num_frames, size=self.image_size):
+        yield {'frames': batch['frames'],
+               'video_index': np.where(batch['valid'], batch['video_index'], -1).astype(np.int64)}
+
+    def query_batches():
+      size = self.batching.query_batch_size
+      for start in range(0, len(tokens), size):
+        rows = np.arange(start, min(start + size, len(tokens)))
+        yield {'tokens': tokens[rows], 'query_index': rows,
+               'query_video_index': caption_video[rows]}
+
+    return EvalSplit(video_batches, query_batches, list(s.video_ids), s.caption_ids)
+
+
+def open_frame_data(config: Any, batching: protocol.Batching) -> FrameData:
   """The `FrameData` of `config.data`, with the tokenizer of `config.model.backbone`."""
   data = config.data
   for flag in ('annotations', 'frames_dir'):
@@ -68,74 +114,9 @@ def open_frame_data(config: Any) -> FrameData:
     raise FileNotFoundError(f'config.data.frames_dir={data.frames_dir} does not exist')
   tokenizer = clip.Tokenizer(data.get('clip_vocab') or None)
   backbone = clip.backbone_config(config.model.backbone)
-  names = {name: data.get(f'{name}_split', name) for name in SPLITS}
-  official = {name: text_video.DEFAULT_SPLITS.get(split, split) for name, split in names.items()}
+  official = {name: text_video.DEFAULT_SPLITS.get(split, split)
+              for name, split in batching.split_names.items()}
   splits = text_video.read_splits(data.collection, data.annotations, official)
   return FrameData(data.frames_dir, splits,
                    lambda texts: tokenizer(texts, context_length=backbone.context_length),
-                   data.annotations, backbone.image_size)
-
-
-def steps_per_epoch(config: Any, data: FrameData) -> int:
-  """ceil(training pairs / global batch)."""
-  return -(-len(data.split('train').captions) // config.train.batch_size)
-
-
-def train_batches(config: Any, data: FrameData, start_step: int, mesh: Mesh
-                  ) -> Iterator[dict[str, jax.Array]]:
-  """Global training batches from global step `start_step` on (earlier batches are read and
-  dropped: resuming re-reads their frames), every host reading the whole stream."""
-  batches = text_video.frame_dataset(
-      data.split('train'), data.dir, tokenize=data.tokenize, batch_size=config.train.batch_size,
-      num_frames=config.model.num_frames, train_augment=True, shuffle=True,
-      seed=config.train.seed, num_epochs=None, size=data.image_size)
-  return global_pair_batches(({'frames': b['frames'], 'tokens': b['tokens'], 'valid': b['valid']}
-                              for b in batches), start_step, mesh)
-
-
-def global_pair_batches(pairs: Iterable[dict[str, np.ndarray]], start_step: int, mesh: Mesh
-                        ) -> Iterator[dict[str, jax.Array]]:
-  """(video, caption) pair batches in the batch contract, from step `start_step` on (earlier
-  ones are read and dropped), sharded on `mesh`.
-
-  `pairs` yields the model's inputs plus `valid [B]`; row i is caption i with its own video.
-  """
-  for step, batch in enumerate(pairs):
-    if step < start_step:
-      continue
-    valid = batch.pop('valid')
-    rows = np.arange(len(valid), dtype=np.int32)
-    yield parallel.shard_global_view(
-        {**batch, 'query_video': rows, 'query_valid': valid, 'video_valid': valid}, mesh)
-
-
-def eval_streams(config: Any, data: FrameData, split: str
-                 ) -> tuple[Callable[[], Iterator[dict[str, np.ndarray]]],
-                            Callable[[], Iterator[dict[str, np.ndarray]]], list[str], list[str]]:
-  """(video_batches, query_batches, video_ids, caption_ids) of `split` ('val' / 'test') for an
-  `eval.EvalSplit`: every video once, every caption once."""
-  s = data.split(split)
-  # One pair per video (its first caption) yields each video's frames once, in split order.
-  first = {}
-  for caption in s.captions:
-    first.setdefault(caption[1], caption)
-  videos = dataclasses.replace(s, captions=[first[v] for v in s.video_ids])
-  caption_video = s.caption_video_index().astype(np.int64)
-  tokens = data.tokenize([text for _, _, text in s.captions])
-
-  def video_batches():
-    for batch in text_video.frame_dataset(videos, data.dir, tokenize=data.tokenize,
-                                          batch_size=config.eval.video_batch_size,
-                                          num_frames=config.model.num_frames,
-                                          size=data.image_size):
-      yield {'frames': batch['frames'],
-             'video_index': np.where(batch['valid'], batch['video_index'], -1).astype(np.int64)}
-
-  def query_batches():
-    size = config.eval.query_batch_size
-    for start in range(0, len(tokens), size):
-      rows = np.arange(start, min(start + size, len(tokens)))
-      yield {'tokens': tokens[rows], 'query_index': rows,
-             'query_video_index': caption_video[rows]}
-
-  return video_batches, query_batches, list(s.video_ids), s.caption_ids
+                   data.annotations, backbone.image_size, int(config.model.num_frames), batching)

@@ -32,7 +32,8 @@ import tensorflow as tf
 from prvr_jax import files
 from prvr_jax import metrics
 from prvr_jax.files import short
-from prvr_jax.data import prepare
+from prvr_jax.data import frames
+from prvr_jax.data import shard_format
 
 _log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class ShardDataset:
 
   @property
   def manifest_path(self) -> str:
-    return os.path.join(self.dir, prepare.MANIFEST)
+    return os.path.join(self.dir, shard_format.MANIFEST)
 
   def identity(self) -> dict[str, Any]:
     """What the data is, independent of where it lies: the collection and features it was
@@ -127,26 +128,26 @@ class ShardDataset:
 def open_shards(path: str) -> ShardDataset:
   """Reads `<path>/manifest.json` and checks that every shard file is there, at its size."""
   path = os.path.abspath(os.fspath(path))
-  manifest_path = os.path.join(path, prepare.MANIFEST)
+  manifest_path = os.path.join(path, shard_format.MANIFEST)
   if not os.path.isfile(manifest_path):
-    raise prepare.ShardError(f'{manifest_path} does not exist: {path} is not a shard folder '
-                             '(write one with `python -m prvr_jax.data.prepare`)')
+    raise shard_format.ShardError(f'{manifest_path} does not exist: {path} is not a shard folder '
+                             '(write one with `prvr-prepare`)')
   with open(manifest_path, encoding='utf-8') as f:
     try:
       manifest = json.load(f)
     except json.JSONDecodeError as e:
-      raise prepare.ShardError(f'{manifest_path} is not valid JSON: {e}') from None
-  if manifest.get('format') != prepare.FORMAT or manifest.get('format_version') != prepare.FORMAT_VERSION:
-    raise prepare.ShardError(f'{manifest_path}: not a {prepare.FORMAT} v{prepare.FORMAT_VERSION} manifest')
+      raise shard_format.ShardError(f'{manifest_path} is not valid JSON: {e}') from None
+  if manifest.get('format') != shard_format.FORMAT or manifest.get('format_version') != shard_format.FORMAT_VERSION:
+    raise shard_format.ShardError(f'{manifest_path}: not a {shard_format.FORMAT} v{shard_format.FORMAT_VERSION} manifest')
   if not manifest.get('complete'):
-    raise prepare.ShardError(f'{manifest_path}: preparation did not finish; run '
-                             '`python -m prvr_jax.data.prepare` again with the same --out to finish it')
+    raise shard_format.ShardError(f'{manifest_path}: preparation did not finish; run '
+                             '`prvr-prepare` again with the same --out to finish it')
   try:
     return _shard_dataset(path, manifest, manifest_path)
   except (KeyError, TypeError, ValueError, AttributeError) as e:
-    if isinstance(e, prepare.ShardError):
+    if isinstance(e, shard_format.ShardError):
       raise
-    raise prepare.ShardError(f'{manifest_path} is malformed ({type(e).__name__}: '
+    raise shard_format.ShardError(f'{manifest_path} is malformed ({type(e).__name__}: '
                              f'{short(str(e), quote=False)}); prepare the shards again') from None
 
 
@@ -154,7 +155,7 @@ def _inside(folder: str, relative: str, manifest_path: str) -> str:
   """`folder/relative`, refused when it would lie outside `folder` (a hostile manifest)."""
   target = os.path.normpath(os.path.join(folder, relative))
   if os.path.isabs(relative) or os.path.commonpath([folder, target]) != folder:
-    raise prepare.ShardError(f'{manifest_path} lists a file outside its folder: '
+    raise shard_format.ShardError(f'{manifest_path} lists a file outside its folder: '
                              f'{short(relative)}')
   return target
 
@@ -167,10 +168,10 @@ def _shard_dataset(path: str, manifest: dict[str, Any], manifest_path: str) -> S
                          d['num_captions'], d['bytes'], d['sha256']) for d in s['shards'])
     for shard in shards:
       if not os.path.isfile(shard.path):
-        raise prepare.ShardError(f'shard {shard.path} (listed in {manifest_path}) is missing')
+        raise shard_format.ShardError(f'shard {shard.path} (listed in {manifest_path}) is missing')
       size = os.path.getsize(shard.path)
       if size != shard.bytes:
-        raise prepare.ShardError(f'shard {shard.path} has {size} bytes but {manifest_path} says '
+        raise shard_format.ShardError(f'shard {shard.path} has {size} bytes but {manifest_path} says '
                                  f'{shard.bytes}: the file is corrupted or truncated')
     splits[name] = ShardSplit(
         name=name, shards=shards, num_videos=s['num_videos'], num_captions=s['num_captions'],
@@ -200,7 +201,7 @@ def verify_checksums(shards: Sequence[Shard]) -> None:
       continue
     actual = files.sha256_file(shard.path)
     if actual != shard.sha256:
-      raise prepare.ShardError(
+      raise shard_format.ShardError(
           f'shard {shard.path} is corrupted: its sha256 is {actual} but the manifest says '
           f'{shard.sha256}; prepare the shards again')
     _VERIFIED.add(key)
@@ -226,13 +227,6 @@ def _local(global_size: int, process_count: int, flag: str) -> int:
     raise ValueError(f'{flag}={global_size} must be a positive multiple of the number of '
                      f'hosts ({process_count})')
   return global_size // process_count
-
-
-def _keep_tf_off_accelerators() -> None:
-  try:
-    tf.config.set_visible_devices([], 'GPU')
-  except RuntimeError:  # devices already initialised; TF then runs where it already ran
-    pass
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -427,7 +421,7 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
   spe = steps_per_epoch(s, global_batch_size, process_count)
   auto_q = s.max_queries(local)
   num_slots = max_queries_per_batch or auto_q
-  _keep_tf_off_accelerators()
+  frames.keep_tf_off_accelerators()
 
   start_epoch, skip_batches = divmod(start_step, spe)
   files = tf.constant([x.path for x in mine], tf.string, shape=[len(mine)])
@@ -503,7 +497,7 @@ def eval_index(shards: ShardDataset, split: str) -> EvalIndex:
   with open(s.index_path, 'rb') as f:
     data = f.read()
   if hashlib.sha256(data).hexdigest() != s.index_sha256:
-    raise prepare.ShardError(f'{s.index_path} is corrupted (sha256 differs from the manifest)')
+    raise shard_format.ShardError(f'{s.index_path} is corrupted (sha256 differs from the manifest)')
   index = json.loads(data)
   return EvalIndex(
       video_ids=index['video_ids'], caption_ids=index['caption_ids'],
@@ -529,7 +523,7 @@ def _eval_setup(shards, split, global_batch_size, process_index, process_count, 
                                               process_count, verify)
   most = max(sum(count(x) for x in s.host_shards(i, process_count)) for i in range(process_count))
   num_batches = -(-most // local)
-  _keep_tf_off_accelerators()
+  frames.keep_tf_off_accelerators()
   return mine, local, num_batches, sum(count(x) for x in mine)
 
 
@@ -588,92 +582,3 @@ def eval_queries(shards: ShardDataset, split: str, *, global_batch_size: int,
         .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
         .batch(local, drop_remainder=True).prefetch(prefetch))
   return _NumpyIterator(ds, num_batches)
-
-
-# ----------------------------------------------------------------------------- config helper
-
-
-def _is_release(path: str) -> bool:
-  if os.path.isdir(os.path.join(path, 'TextData')):
-    return True
-  return any(os.path.isdir(os.path.join(path, d, 'TextData'))
-             for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-
-
-def check_config(shards: ShardDataset, config) -> None:
-  """Raises naming the `config.model` / `config.data` flag whose value disagrees with the
-  shards (their dims, or the collection and features they were prepared from)."""
-  checks = [('model', flag, value) for flag, value in (
-      ('visual_dim', shards.visual_dim), ('query_dim', shards.query_dim),
-      ('num_clips', shards.num_clips), ('max_frames', shards.max_frames),
-      ('max_query_len', shards.max_query_len))]
-  checks += [('data', flag, shards.preprocessing.get(flag))
-             for flag in ('collection', 'visual_feature', 'text_feature')]
-  for section, flag, value in checks:
-    want = config[section].get(flag)
-    if want and value is not None and want != value:
-      raise ValueError(f'config.{section}.{flag}={want!r} but the shards in {shards.dir} have '
-                       f'{flag}={value!r}; set --config.{section}.{flag}={value} if this is the '
-                       'data you mean, or point config.data.dir to the right data')
-
-
-def resolve_shards(config, workdir: str | None = None) -> ShardDataset:
-  """Opens the shards for `config.data`, preparing them first when needed.
-
-  `config.data.dir` may be a shard folder (with manifest.json), or a release folder,
-  which is prepared once into `<workdir>/shards`; an empty dir with
-  `config.data.name == 'synthetic'` generates the synthetic benchmark into
-  `<workdir>/synthetic` (size `config.data.synthetic_size`). Dims, collection and features
-  are checked against the config (`check_config`).
-  """
-  data = config.data
-  path = data.dir
-  if not path:
-    if data.get('name') != 'synthetic':
-      raise ValueError('config.data.dir is empty: set it to a shard or release folder')
-    if not workdir:
-      raise ValueError('the synthetic benchmark needs a workdir to be generated into')
-    from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
-    path = synthetic.ensure(data.get('synthetic_size', 'default'),
-                            os.path.join(workdir, 'synthetic'), seed=data.get('synthetic_seed', 0),
-                            text_feature=data.get('text_feature', 'roberta'))
-  elif not os.path.isdir(path):
-    raise FileNotFoundError(f'config.data.dir={path} does not exist')
-  elif not os.path.isfile(os.path.join(path, prepare.MANIFEST)):
-    if not _is_release(path):
-      raise ValueError(f'config.data.dir={path} holds neither {prepare.MANIFEST} (shards) nor '
-                       'a release layout (TextData/, FeatureData/)')
-    if not workdir:
-      raise ValueError(f'config.data.dir={path} is a release folder: a workdir is needed to '
-                       'prepare its shards in (or prepare them with `python -m prvr_jax.data.prepare`)')
-    out = os.path.join(workdir, 'shards')
-    source_file = os.path.join(out, 'source.json')
-    source = {'release_dir': os.path.abspath(path)}
-    if os.path.isfile(source_file):
-      with open(source_file, encoding='utf-8') as f:
-        if json.load(f) != source:
-          raise ValueError(f'{out} holds shards of another release ({source_file}); '
-                           'use another workdir')
-    prepare.prepare_from_config(config, out)
-    files.write_json(source_file, source)
-    path = out
-  shards = open_shards(path)
-  check_config(shards, config)
-  return shards
-
-
-def open_run_data(config, workdir: str | None):
-  """`resolve_shards` on every process of a run, process 0 first (it may generate or prepare
-  the data; the others then open what it wrote). `config.data.source='frames'` reads
-  annotations and frame folders instead (`prvr_jax.data.frame_data.FrameData`)."""
-  if config.data.get('source', 'shards') == 'frames':
-    from prvr_jax.data import frame_data  # pylint: disable=g-import-not-at-top
-    return frame_data.open_frame_data(config)
-  import jax  # pylint: disable=g-import-not-at-top
-  from prvr_jax import parallel  # pylint: disable=g-import-not-at-top
-  if jax.process_index() == 0:
-    shards = resolve_shards(config, workdir)
-  parallel.sync('prvr_jax:open_run_data')
-  if jax.process_index() != 0:
-    shards = resolve_shards(config, workdir)
-  return shards

@@ -8,7 +8,7 @@ Float32 values are stored as raw bytes, so they read back bit-exact.
 
 Command line (writes `<out>/manifest.json` and the TFDS folders beside it):
 
-  python -m prvr_jax.data.prepare --config=configs/gmmformer_v2.py:tvr \
+  prvr-prepare --config=configs/gmmformer_v2.py:tvr \
       --config.data.dir=/data/ms-sl/tvr --out=/data/shards/tvr
 
 As a TFDS dataset (the release folder is the manual dir):
@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,27 +40,19 @@ import tensorflow_datasets as tfds
 
 from tensorflow_datasets.core import writer as tfds_writer
 
-from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax.files import short
-from prvr_jax.data import check
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
+from prvr_jax.data.shard_format import FORMAT, FORMAT_VERSION, MANIFEST, ShardError
 
 _log = logging.getLogger(__name__)
 
-MANIFEST = 'manifest.json'
 LOCK_FILE = '.prepare.lock'
-FORMAT = 'prvr_jax.shards'
-FORMAT_VERSION = 1
 BUILDER_NAME = 'prvr_features'
 # Aim for shards of about this size, and at least this many per split (host splitting).
 TARGET_SHARD_BYTES = 256 << 20
 MIN_SHARDS = 8
-
-
-class ShardError(ValueError):
-  """A missing, stale or corrupted shard folder; the message names the file."""
 
 
 # ----------------------------------------------------------------------------- record
@@ -109,14 +100,9 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
   return moments
 
 
-def moments_path(release: release_lib.Release, split: str) -> str:
-  layout = release.layout
-  return os.path.join(layout.text_dir, f'{layout.collection}{split}.moments.txt')
-
-
 def split_moments(release: release_lib.Release, split: str) -> dict[str, tuple[float, float, float]]:
   """The split's moments (empty when it has no moments file)."""
-  path = moments_path(release, split)
+  path = release.layout.moments_path(split)
   return read_moments(path) if os.path.isfile(path) else {}
 
 
@@ -195,8 +181,8 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
   Download the MS-SL feature release (https://github.com/HuiGuanLab/ms-sl) and point
   `manual_dir` at the folder holding `<collection>/TextData` and
   `<collection>/FeatureData/<visual_feature>` (or at the collection folder itself).
-  QVHighlights: convert the Moment-DETR release first with `python -m
-  prvr_jax.data.qvhighlights` (docs/qvhighlights.md).
+  QVHighlights: convert the Moment-DETR release first with
+  `prvr-write-qvhighlights` (docs/qvhighlights.md).
   """
   BUILDER_CONFIGS = [
       PrvrConfig(name='tvr', collection='tvr', visual_feature='i3d_resnet'),
@@ -263,7 +249,7 @@ def input_fingerprint(release: release_lib.Release, split: str, settings: dict[s
   """sha256 of what a split's shards are made from: the preprocessing settings, the caption
   and moments files, and the feature files (paths relative to the collection folder)."""
   layout = release.layout
-  paths = [layout.caption_path(split), moments_path(release, split), *layout.feature_files()]
+  paths = [layout.caption_path(split), release.layout.moments_path(split), *layout.feature_files()]
   record = {'settings': settings,
             'files': {os.path.relpath(p, layout.collection_dir): _file_identity(p) for p in paths}}
   return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
@@ -303,16 +289,10 @@ def split_overlaps(out_dir: str, manifest: dict[str, Any], train_split: str
     entry = manifest['splits'][name]
     with open(os.path.join(out_dir, entry['index']['file']), encoding='utf-8') as f:
       return json.load(f)['video_ids']
-  if train_split not in manifest['splits']:
-    return {}
-  train = set(videos(train_split))
-  out = {}
-  for name in sorted(manifest['splits']):
-    if name != train_split:
-      shared = [v for v in videos(name) if v in train]
-      if shared:
-        out[f'{train_split}&{name}'] = {'videos': len(shared), 'first': shared[:3]}
-  return out
+  shared = release_lib.shared_videos(
+      {name: videos(name) for name in sorted(manifest['splits'])}, train_split)
+  return {f'{train_split}&{name}': {'videos': len(ids), 'first': ids[:3]}
+          for name, ids in shared.items()}
 
 
 def _auto_num_shards(split: release_lib.ReleaseSplit, release: release_lib.Release) -> int:
@@ -441,7 +421,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
         files.write_json(manifest_path, manifest)
       split = release.split(name)
       moments = split_moments(release, name)
-      _check_moments(moments, split, moments_path(release, name))
+      _check_moments(moments, split, release.layout.moments_path(name))
       n = num_shards or _auto_num_shards(split, release)
       config = PrvrConfig(
           name=f'{release.collection}-{visual_feature or text_feature}-{name}',
@@ -517,34 +497,3 @@ def prepare_from_config(config, out_dir: str, num_shards: int = 0) -> str:
       skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards,
       train_split=data.get('train_split', 'train'),
       allow_split_overlap=data.get('allow_split_overlap', False))
-
-
-def _main(argv: Sequence[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  config, out = flags.FLAGS.config, flags.FLAGS.out
-  config_lib.validate(config)
-  if not config.data.dir:
-    raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
-  check.check_before_run(config)
-  path = prepare_from_config(config, out, flags.FLAGS.num_shards)
-  with open(path, encoding='utf-8') as f:
-    manifest = json.load(f)
-  for name, s in manifest['splits'].items():
-    print(f'{name}: {s["num_videos"]} videos, {s["num_captions"]} captions, '
-          f'{len(s["shards"])} shards, skipped {len(s["skipped"])} bad item(s)')
-  print(f'wrote {path}')
-
-
-if __name__ == '__main__':
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file('config', None, 'model config file[:dataset]', lock_config=True)
-  flags.DEFINE_string('out', None, 'output shard folder', required=True)
-  flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
-  flags.mark_flag_as_required('config')
-  config_lib.check_override_flags(sys.argv)
-  logging.basicConfig(level=logging.INFO)
-  # Run the imported module's copy: TFDS locates a builder's metadata through its package.
-  from prvr_jax.data import prepare as _module  # pylint: disable=g-import-not-at-top
-  app.run(_module._main)  # pylint: disable=protected-access

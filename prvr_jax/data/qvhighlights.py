@@ -31,7 +31,7 @@ window's end (the windows are in time order in the release).
 
 Command line:
 
-  python -m prvr_jax.data.qvhighlights --annotations=moment_detr/data \
+  prvr-write-qvhighlights --annotations=moment_detr/data \
       --features=moment_detr/features --out=/data/prvr
 """
 
@@ -41,11 +41,9 @@ import logging
 import math
 import os
 import re
-import shutil
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 
-import h5py
 import numpy as np
 
 from prvr_jax.data import preprocess
@@ -60,7 +58,6 @@ TEXT_FEATURE = 'clip_text'
 CLIP_SECONDS = 2.0
 MAX_SEGMENT_CLIPS = 75  # Moment-DETR's max_v_l: a 150 s segment in 2 s clips
 SLOWFAST_DIM, CLIP_DIM, QUERY_DIM = 2304, 512, 512
-VISUAL_DIM = SLOWFAST_DIM + CLIP_DIM
 # Our split -> the release split read for it (the release's val is our val and our test).
 DEFAULT_SPLITS: Mapping[str, str] = {'train': 'train', 'val': 'val', 'test': 'val'}
 ANNOTATION_FILE = 'highlight_{}_release.jsonl'
@@ -302,15 +299,9 @@ def count(videos: Sequence[Video]) -> SplitCounts:
 def split_overlaps(tables: Mapping[str, Sequence[Video]], train_split: str = 'train'
                    ) -> dict[str, list[str]]:
   """Video ids `train_split` shares with each other split: 'train&val' -> ids."""
-  if train_split not in tables:
-    return {}
-  train = {v.video_id for v in tables[train_split]}
-  out = {}
-  for name, videos in tables.items():
-    shared = [v.video_id for v in videos if v.video_id in train]
-    if name != train_split and shared:
-      out[f'{train_split}&{name}'] = shared
-  return out
+  shared = release_lib.shared_videos(
+      {name: [v.video_id for v in videos] for name, videos in tables.items()}, train_split)
+  return {f'{train_split}&{name}': ids for name, ids in shared.items()}
 
 
 # ----------------------------------------------------------------------------- features
@@ -375,45 +366,6 @@ def _check_inputs(feature_dir: str, videos: Sequence[Video], queries: Iterable[Q
 # ----------------------------------------------------------------------------- writing
 
 
-def _write_moments(path: str, videos: Sequence[Video]) -> None:
-  with open(path, 'w', encoding='utf-8') as f:
-    for v in videos:
-      for c in v.captions:
-        start, end = c.moment
-        f.write(f'{c.cap_id} {start!r} {end!r} {v.duration!r}\n')
-
-
-def _write_bigfile(feature_dir: str, folder: str, videos: Sequence[Video]) -> dict[str, float]:
-  """Writes the BigFile of `videos` row by row; returns vid -> seconds of its features."""
-  os.makedirs(folder)
-  ids, video2frames, seconds = [], {}, {}
-  with open(os.path.join(folder, 'feature.bin'), 'wb') as f:
-    for v in videos:
-      frames = video2frames[v.video_id] = []
-      for s in v.segments:
-        x = segment_features(feature_dir, s.vid)
-        f.write(x.astype('<f4').tobytes())
-        frames += [f'{s.vid}_{k}' for k in range(len(x))]
-        seconds[s.vid] = len(x) * CLIP_SECONDS
-      ids += frames
-  with open(os.path.join(folder, 'id.txt'), 'w', encoding='utf-8') as f:
-    f.write(' '.join(ids))
-  with open(os.path.join(folder, 'shape.txt'), 'w') as f:
-    f.write(f'{len(ids)} {VISUAL_DIM}')
-  # Ids of letters, digits, '_', '-', '.': repr quotes them with "'", which release.py's
-  # reader parses as JSON (never eval).
-  release_lib.write_video2frames(os.path.join(folder, 'video2frames.txt'), video2frames)
-  return seconds
-
-
-def _write_text_features(path: str, feature_dir: str, queries: Iterable[Query]) -> None:
-  with h5py.File(path, 'w') as f:
-    for q in queries:
-      x = _load_npz(text_feature_path(feature_dir, q.qid), 'last_hidden_state', QUERY_DIM,
-                    f'CLIP text features of qid {q.qid}')
-      f.create_dataset(q.cap_id, data=x)
-
-
 def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
                   splits: Mapping[str, str] = DEFAULT_SPLITS) -> dict[str, SplitCounts]:
   """Converts the Moment-DETR release into `<out_dir>/qvhighlights/`; returns split -> counts.
@@ -434,23 +386,22 @@ def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
   all_queries = list({q.qid: q for qs in queries.values() for q in qs}.values())
   _check_inputs(feature_dir, all_videos, all_queries)
 
-  final = os.path.join(out_dir, COLLECTION)
-  partial = final + '.partial'
-  os.makedirs(partial)
-  try:
-    layout = release_lib.Layout(partial, COLLECTION, VISUAL_FEATURE, TEXT_FEATURE)
-    seconds = _write_bigfile(feature_dir, layout.feature_dir, all_videos)
+  with release_lib.ReleaseWriter(out_dir, COLLECTION, VISUAL_FEATURE, TEXT_FEATURE) as writer:
+    seconds = {}  # segment vid -> seconds of its features
+    for v in all_videos:
+      for s in v.segments:
+        x = segment_features(feature_dir, s.vid)
+        writer.add_video(v.video_id, x, [f'{s.vid}_{k}' for k in range(len(x))])
+        seconds[s.vid] = len(x) * CLIP_SECONDS
     tables = merge_videos(queries, seconds)
-    os.makedirs(layout.text_dir)
     for name, videos in tables.items():
-      release_lib.write_captions(layout.caption_path(name),
-                                 ((c.cap_id, c.query) for v in videos for c in v.captions))
-      _write_moments(os.path.join(layout.text_dir, f'{COLLECTION}{name}.moments.txt'), videos)
-    _write_text_features(layout.query_feature_path, feature_dir, all_queries)
-    os.rename(partial, final)
-  except BaseException:
-    shutil.rmtree(partial, ignore_errors=True)
-    raise
+      writer.write_captions(name, ((c.cap_id, c.query) for v in videos for c in v.captions))
+      writer.write_moments(name, ((c.cap_id, *c.moment, v.duration)
+                                  for v in videos for c in v.captions))
+    for q in all_queries:
+      writer.add_caption_features(q.cap_id, _load_npz(
+          text_feature_path(feature_dir, q.qid), 'last_hidden_state', QUERY_DIM,
+          f'CLIP text features of qid {q.qid}'))
 
   counts = {name: count(videos) for name, videos in tables.items()}
   clipped = list(dict.fromkeys(f'{c.cap_id} (segment {c.vid})' for videos in tables.values()
@@ -462,30 +413,3 @@ def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
     _log.warning('%s share %d YouTube source(s) (e.g. %s): prepare refuses these splits unless '
                  'config.data.allow_split_overlap=True', pair, len(shared), short(shared[:3]))
   return counts
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  fl = flags.FLAGS
-  counts = build_release(fl.annotations, fl.features, fl.out)
-  for name, c in counts.items():
-    print(f'{name}: {c.videos} videos, {c.queries} queries, {c.segments} segments, '
-          f'{c.clipped_windows} clipped window(s)')
-  print(f'wrote {os.path.join(fl.out, COLLECTION)}; train with: python train.py '
-        f'--config=configs/protoprvr.py:qvhighlights --config.data.dir={fl.out} --workdir=DIR')
-
-
-if __name__ == '__main__':
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flags.DEFINE_string('annotations', None, 'folder of highlight_{train,val}_release.jsonl',
-                      required=True)
-  flags.DEFINE_string('features', None, 'folder of slowfast_features/, clip_features/, '
-                      'clip_text_features/', required=True)
-  flags.DEFINE_string('out', None, 'new or empty output folder (gets qvhighlights/)',
-                      required=True)
-  logging.basicConfig(level=logging.INFO)
-  app.run(main)

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 
 import h5py
@@ -251,6 +252,18 @@ def video_ids_in_order(captions: Iterable[tuple[str, str]]) -> list[str]:
 # ----------------------------------------------------------------------------- HDF5
 
 
+def shared_videos(videos_of: Mapping[str, Sequence[str]], train_split: str = 'train'
+                  ) -> dict[str, list[str]]:
+  """Video ids each other split shares with `train_split` (test leakage), in that split's
+  order: other split name -> ids (splits sharing none are left out)."""
+  if train_split not in videos_of:
+    return {}
+  train = set(videos_of[train_split])
+  shared = {name: [v for v in videos if v in train]
+            for name, videos in videos_of.items() if name != train_split}
+  return {name: ids for name, ids in shared.items() if ids}
+
+
 class H5Features:
   """One HDF5 dataset per id; the file is opened lazily (and again in a forked process)."""
 
@@ -358,6 +371,10 @@ class Layout:
 
   def caption_path(self, split: str) -> str:
     return os.path.join(self.text_dir, f'{self.collection}{split}{_CAPTION_SUFFIX}')
+
+  def moments_path(self, split: str) -> str:
+    """The optional moment spans of `split` (`ReleaseWriter.write_moments`)."""
+    return os.path.join(self.text_dir, f'{self.collection}{split}.moments.txt')
 
   def feature_files(self) -> list[str]:
     """The feature files this layout reads (caption files aside)."""
@@ -751,21 +768,6 @@ class ReleaseSplit:
 # ----------------------------------------------------------------------------- writers
 
 
-def write_bigfile(folder: str, ids: Sequence[str], array: np.ndarray) -> None:
-  """Writes `array` `[N, D]` as a BigFile folder (feature.bin float32, id.txt, shape.txt)."""
-  array = np.asarray(array)
-  if array.ndim != 2 or array.shape[0] != len(ids):
-    raise ValueError(f'need a [len(ids)={len(ids)}, D] array, got shape {array.shape}')
-  if len(set(ids)) != len(ids) or any(not i or any(ch.isspace() for ch in i) for i in ids):
-    raise ValueError('BigFile ids must be unique, non-empty and free of whitespace')
-  os.makedirs(folder, exist_ok=True)
-  array.astype('<f4').tofile(os.path.join(folder, 'feature.bin'))
-  with open(os.path.join(folder, 'id.txt'), 'w', encoding='utf-8') as f:
-    f.write(' '.join(ids))
-  with open(os.path.join(folder, 'shape.txt'), 'w') as f:
-    f.write(f'{array.shape[0]} {array.shape[1]}')
-
-
 def write_video2frames(path: str, mapping: Mapping[str, Sequence[str]]) -> None:
   """Writes `video2frames.txt` as a dict literal."""
   literal = {str(v): [str(f) for f in frames] for v, frames in mapping.items()}
@@ -797,11 +799,150 @@ def write_caption_features(path: str, mapping: Mapping[str, np.ndarray]) -> None
       f.create_dataset(key, data=np.asarray(value, dtype=np.float32))
 
 
+class BigFileWriter:
+  """Writes a BigFile folder (feature.bin float32, id.txt, shape.txt) row block by row block,
+  holding only the ids in memory."""
+
+  def __init__(self, folder: str):
+    self.folder = folder
+    os.makedirs(folder, exist_ok=True)
+    self._bin = open(os.path.join(folder, 'feature.bin'), 'wb')  # pylint: disable=consider-using-with
+    self._ids: list[str] = []
+    self._dim: int | None = None
+
+  def add(self, ids: Sequence[str], rows: np.ndarray) -> None:
+    """Appends `rows` `[len(ids), D]` under `ids`."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or rows.shape[0] != len(ids) or rows.shape[1] != (self._dim or rows.shape[1]):
+      raise ValueError(f'need a [len(ids)={len(ids)}, D={self._dim or "D"}] array, got shape '
+                       f'{rows.shape} (BigFile {self.folder})')
+    if any(not i or any(ch.isspace() for ch in i) for i in ids):
+      raise ValueError('BigFile ids must be unique, non-empty and free of whitespace '
+                       f'(BigFile {self.folder})')
+    self._dim = rows.shape[1]
+    self._bin.write(rows.astype('<f4').tobytes())
+    self._ids += ids
+
+  def close(self) -> None:
+    """Writes id.txt and shape.txt; raises when an id repeats."""
+    self._bin.close()
+    if len(set(self._ids)) != len(self._ids):
+      raise ValueError('BigFile ids must be unique, non-empty and free of whitespace '
+                       f'(BigFile {self.folder})')
+    with open(os.path.join(self.folder, 'id.txt'), 'w', encoding='utf-8') as f:
+      f.write(' '.join(self._ids))
+    with open(os.path.join(self.folder, 'shape.txt'), 'w') as f:
+      f.write(f'{len(self._ids)} {self._dim or 0}')
+
+  def abort(self) -> None:
+    """Stops writing (the folder is left as it is)."""
+    self._bin.close()
+
+
+class ReleaseWriter:
+  """The one writer of the release layout (`Layout`): a collection folder written item by
+  item, holding only ids in memory, complete or not at all.
+
+    with ReleaseWriter(root, collection, visual_feature, text_feature) as w:
+      w.add_video(video_id, frames)              # [n_frames, Dv]
+      w.add_caption_features(cap_id, features)   # [n_tokens, Dq], or [Dq] / [1, Dq] (CLIP)
+      w.write_captions(split, [(cap_id, caption), ...])
+      w.write_moments(split, [(cap_id, start, end, duration), ...])   # optional
+    w.collection_dir                             # <root>/<collection>
+
+  The token layouts ('roberta', 'clip_text') store frames as BigFile rows (`video2frames.txt`
+  maps each video to its frame ids); the CLIP layout stores one HDF5 dataset per video. The
+  folder is written as `<collection>.partial` and renamed at the end; an error removes it.
+  """
+
+  def __init__(self, root: str, collection: str, visual_feature: str | None = 'i3d_resnet',
+               text_feature: str = 'roberta'):
+    self.collection_dir = os.path.join(os.fspath(root), collection)
+    if os.path.lexists(self.collection_dir):
+      raise FileExistsError(f'{self.collection_dir} exists; write the release into a new folder')
+    self._partial = self.collection_dir + '.partial'
+    if os.path.lexists(self._partial):
+      shutil.rmtree(self._partial)
+    self.layout = Layout(self._partial, collection, visual_feature, text_feature)
+    os.makedirs(self.layout.text_dir)
+    self._video2frames: dict[str, list[str]] = {}
+    if text_feature == 'clip':
+      os.makedirs(os.path.dirname(self.layout.clip_video_feature_path))
+      self._videos = h5py.File(self.layout.clip_video_feature_path, 'w')
+    else:
+      self._frames = BigFileWriter(self.layout.feature_dir)
+    self._queries = h5py.File(self.layout.query_feature_path, 'w')
+
+  @property
+  def _clip(self) -> bool:
+    return self.layout.text_feature == 'clip'
+
+  def add_video(self, video_id: str, frames: np.ndarray,
+                frame_ids: Sequence[str] | None = None) -> None:
+    """Frame features `[n_frames, Dv]` of `video_id`; in the token layouts under `frame_ids`
+    (default `<video_id>_<k>`), appended to the video's earlier frames."""
+    if self._clip:
+      self._videos.create_dataset(video_id, data=np.asarray(frames, dtype=np.float32))
+      return
+    frame_ids = list(frame_ids or (f'{video_id}_{k}' for k in range(len(frames))))
+    self._frames.add(frame_ids, frames)
+    self._video2frames.setdefault(video_id, []).extend(frame_ids)
+
+  def add_caption_features(self, cap_id: str, features: np.ndarray) -> None:
+    """The query features of caption `cap_id`, stored as float32."""
+    self._queries.create_dataset(cap_id, data=np.asarray(features, dtype=np.float32))
+
+  def write_captions(self, split: str, items: Iterable[tuple[str, str]]) -> None:
+    """`TextData/<collection><split>.caption.txt`: `<cap_id> <caption>` lines."""
+    write_captions(self.layout.caption_path(split), items)
+
+  def write_moments(self, split: str, rows: Iterable[tuple[str, float, float, float]]) -> None:
+    """`TextData/<collection><split>.moments.txt`: `<cap_id> <start> <end> <duration>` lines
+    (seconds, written exactly: `repr`), read by `prepare.read_moments`."""
+    with open(self.layout.moments_path(split), 'w', encoding='utf-8') as f:
+      for cap_id, start, end, duration in rows:
+        f.write(f'{cap_id} {start!r} {end!r} {duration!r}\n')
+
+  def close(self) -> str:
+    """Finishes the files and puts the folder in place; returns `collection_dir`."""
+    try:
+      self._queries.close()
+      if self._clip:
+        self._videos.close()
+      else:
+        self._frames.close()
+        write_video2frames(self.layout.video2frames_path, self._video2frames)
+      os.rename(self._partial, self.collection_dir)
+    except BaseException:
+      self.abort()
+      raise
+    return self.collection_dir
+
+  def abort(self) -> None:
+    """Removes what was written."""
+    self._queries.close()
+    if self._clip:
+      self._videos.close()
+    else:
+      self._frames.abort()
+    shutil.rmtree(self._partial, ignore_errors=True)
+
+  def __enter__(self) -> 'ReleaseWriter':
+    return self
+
+  def __exit__(self, exc_type, *exc) -> None:
+    if exc_type is None:
+      self.close()
+    else:
+      self.abort()
+
+
 def write_release(root: str, collection: str, videos: Mapping[str, np.ndarray],
                   captions: Mapping[str, Sequence[tuple[str, str]]],
                   caption_features: Mapping[str, np.ndarray], visual_feature: str = 'i3d_resnet',
                   text_feature: str = 'roberta') -> str:
-  """Writes a release-layout collection folder from numpy data; returns its path.
+  """`ReleaseWriter` over numpy data held in memory (tests, the synthetic benchmark); returns
+  the collection folder.
 
   Args:
     videos: video_id -> raw frame features `[n_frames, Dv]`. For the token layouts
@@ -809,15 +950,11 @@ def write_release(root: str, collection: str, videos: Mapping[str, np.ndarray],
     captions: split name -> `[(cap_id, caption)]`.
     caption_features: cap_id -> `[n_tokens, Dq]` (token layouts) or `[Dq]` (CLIP).
   """
-  layout = Layout(os.path.join(os.fspath(root), collection), collection, visual_feature, text_feature)
-  if text_feature == 'clip':
-    write_caption_features(layout.clip_video_feature_path, videos)
-  else:
-    frame_ids = {v: [f'{v}_{k}' for k in range(len(x))] for v, x in videos.items()}
-    all_ids = [f for v in videos for f in frame_ids[v]]
-    write_bigfile(layout.feature_dir, all_ids, np.concatenate([np.asarray(x) for x in videos.values()]))
-    write_video2frames(layout.video2frames_path, frame_ids)
-  for split, items in captions.items():
-    write_captions(layout.caption_path(split), items)
-  write_caption_features(layout.query_feature_path, caption_features)
-  return layout.collection_dir
+  with ReleaseWriter(root, collection, visual_feature, text_feature) as writer:
+    for video_id, frames in videos.items():
+      writer.add_video(video_id, frames)
+    for split, items in captions.items():
+      writer.write_captions(split, items)
+    for cap_id, features in caption_features.items():
+      writer.add_caption_features(cap_id, features)
+  return writer.collection_dir

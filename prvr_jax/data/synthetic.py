@@ -12,7 +12,7 @@ concepts through a different projection `tanh(W_q ...)`, mixed with function wor
 word-level noise and a sentence context, with 1-6 queries per video and variable
 lengths (some over 30 tokens, to exercise truncation). True spans are recorded.
 
-  python -m prvr_jax.data.synthetic --out DIR --size default --format shards|mssl \
+  prvr-write-synthetic --out DIR --size default --format shards|mssl \
       [--text_feature roberta|clip]
 
 `--format mssl` writes the MS-SL release layout (collection `synthetic`, visual
@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
 
 import numpy as np
 import scipy.signal
@@ -254,15 +253,6 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
   return out
 
 
-def write_moments(path: str, moments: dict[str, tuple[float, float, float]],
-                  cap_ids: Sequence[str]) -> None:
-  """Writes `<cap_id> <start> <end> <duration>` lines (read by `prepare.read_moments`)."""
-  with open(path, 'w', encoding='utf-8') as f:
-    for cap_id in cap_ids:
-      start, end, duration = moments[cap_id]
-      f.write(f'{cap_id} {start:.6g} {end:.6g} {duration:.6g}\n')
-
-
 def sentence_vector(tokens: np.ndarray) -> np.ndarray:
   """A query's sentence-level feature `[Dq]` in the CLIP layout: the mean of its tokens."""
   return tokens.mean(axis=0, dtype=np.float32)
@@ -270,19 +260,20 @@ def sentence_vector(tokens: np.ndarray) -> np.ndarray:
 
 def write_mssl(data: dict[str, SplitData], root: str, text_feature: str = 'roberta') -> str:
   """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
-  vectors for `text_feature='clip'`); returns the collection folder."""
-  videos = {v: x for split in data.values() for v, x in split.videos.items()}
-  captions = {name: split.captions for name, split in data.items()}
-  features = {c: x for split in data.values() for c, x in split.caption_features.items()}
-  if text_feature == 'clip':
-    features = {c: sentence_vector(x) for c, x in features.items()}
-  collection_dir = release_lib.write_release(root, COLLECTION, videos, captions, features,
-                                             visual_feature=VISUAL_FEATURE,
-                                             text_feature=text_feature)
-  for name, split in data.items():
-    write_moments(os.path.join(collection_dir, 'TextData', f'{COLLECTION}{name}.moments.txt'),
-                  split.moments, [c for c, _ in split.captions])
-  return collection_dir
+  vectors for `text_feature='clip'`) with moment spans; returns the collection folder."""
+  with release_lib.ReleaseWriter(root, COLLECTION, VISUAL_FEATURE, text_feature) as writer:
+    for split in data.values():
+      for video_id, frames in split.videos.items():
+        writer.add_video(video_id, frames)
+      for cap_id, tokens in split.caption_features.items():
+        writer.add_caption_features(
+            cap_id, sentence_vector(tokens) if text_feature == 'clip' else tokens)
+    for name, split in data.items():
+      writer.write_captions(name, split.captions)
+      # Six significant digits, the benchmark's precision.
+      writer.write_moments(name, ((c, *(float(f'{t:.6g}') for t in split.moments[c]))
+                                  for c, _ in split.captions))
+  return writer.collection_dir
 
 
 def _spec(size: str | Spec) -> Spec:
@@ -325,6 +316,15 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
   return out_dir
 
 
+def shard_dir_of(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta'
+                 ) -> str:
+  """`<out_dir>/<size>-seed<seed>` (`-<text_feature>` appended unless 'roberta'): where
+  `ensure` puts the benchmark `(size, seed, text_feature)`."""
+  name = size if isinstance(size, str) else 'custom'
+  suffix = '' if text_feature == 'roberta' else f'-{text_feature}'
+  return os.path.join(out_dir, f'{name}-seed{seed}{suffix}')
+
+
 def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta') -> str:
   """The shard folder of the benchmark `(size, seed, text_feature)` under `out_dir`, generated
   once.
@@ -334,9 +334,7 @@ def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'r
   spec, seed and text feature is reused.
   """
   spec = _spec(size)
-  name = size if isinstance(size, str) else 'custom'
-  suffix = '' if text_feature == 'roberta' else f'-{text_feature}'
-  shard_dir = os.path.join(out_dir, f'{name}-seed{seed}{suffix}')
+  shard_dir = shard_dir_of(size, out_dir, seed, text_feature)
   stamp_path = os.path.join(shard_dir, 'synthetic.json')
   stamp = _stamp(spec, seed, text_feature)
   if os.path.isfile(stamp_path):
@@ -344,36 +342,8 @@ def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'r
       if json.load(f) == json.loads(json.dumps(stamp)):
         return shard_dir
   shutil.rmtree(shard_dir, ignore_errors=True)
-  _log.info('generating the %s synthetic benchmark (seed %d) into %s', name, seed, shard_dir)
+  _log.info('generating the synthetic benchmark into %s', shard_dir)
   write_shards(spec, shard_dir, seed, text_feature=text_feature)
   with open(stamp_path, 'w', encoding='utf-8') as f:
     json.dump(stamp, f, indent=1)
   return shard_dir
-
-
-def _main(argv: Sequence[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  fl = flags.FLAGS
-  spec = _spec(fl.size)
-  if fl.format == 'mssl':
-    path = write_mssl(generate(spec, fl.seed), fl.out, fl.text_feature)
-    print(f'wrote the {fl.text_feature} release layout to {path} '
-          f'(--config.data.dir={path} --config.data.collection={COLLECTION} '
-          f'--config.data.visual_feature={VISUAL_FEATURE} '
-          f'--config.data.text_feature={fl.text_feature})')
-  else:
-    write_shards(spec, fl.out, fl.seed, text_feature=fl.text_feature)
-    print(f'wrote shards to {fl.out}')
-
-
-if __name__ == '__main__':
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flags.DEFINE_string('out', None, 'output folder', required=True)
-  flags.DEFINE_enum('size', 'default', sorted(SIZES), 'benchmark size')
-  flags.DEFINE_enum('format', 'shards', ['mssl', 'shards'], 'MS-SL release layout or shards')
-  flags.DEFINE_integer('seed', 0, 'generator seed')
-  flags.DEFINE_enum('text_feature', 'roberta', list(release_lib.TEXT_FEATURES),
-                    'token features (MS-SL layout) or sentence vectors (CLIP layout)')
-  logging.basicConfig(level=logging.INFO)
-  app.run(_main)

@@ -14,7 +14,7 @@ from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax.eval.evaluator import EvalResult, Evaluator
-from prvr_jax.eval.splits import EvalSplit, eval_split
+from prvr_jax.eval.splits import EvalSplit
 
 
 METRICS_FILE = 'metrics.json'
@@ -67,11 +67,12 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
   (`checkpoint.load_params`), 'shards', 'data' (the split's `EvalSplit`), 'evaluated_on' (the
   data identity), 'cross' (`check_data`)}. Data is looked for in the checkpoint's workdir,
   else `fallback_dir`."""
-  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
   # Synthetic data / prepared shards are found again in the training workdir.
-  shards = pipeline.open_run_data(config, info['workdir'] or fallback_dir)
+  run_data.prepare_run_data(config, info['workdir'] or fallback_dir)
+  shards = run_data.open_run_data(config, info['workdir'] or fallback_dir)
   split_name = config.data.get(f'{split}_split', split)
   evaluated_on = shards.identity()
   cross = check_data(info['data'], evaluated_on, split_name, checkpoint_path, cross_dataset)
@@ -79,7 +80,7 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
     logging.warning('Cross-dataset: %s was trained on other data than split %r of %s.',
                     checkpoint_path, split_name, shards.dir)
   return dict(mesh=mesh, params=params, info=info, shards=shards,
-              data=eval_split(config, shards, split), evaluated_on=evaluated_on, cross=cross)
+              data=shards.eval_split(split), evaluated_on=evaluated_on, cross=cross)
 
 
 def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:
@@ -135,18 +136,13 @@ def write_plots(config: Any, params: Any, shards: Any, split: str, data: EvalSpl
 
   Args:
     config, params: the model evaluated.
-    shards: the run's data (`pipeline.open_run_data`).
+    shards: the run's data (`prvr_jax.data.run_data.open_run_data`).
     split: 'val' / 'test'; data, result: the split evaluated and its `EvalResult`.
     output_dir: where the PNG files go.
     workdir: a train.py workdir, or None.
   """
   from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
-  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  moments = {}
-  if isinstance(shards, pipeline.ShardDataset):
-    index = pipeline.eval_index(shards, config.data.get(f'{split}_split', split))
-    if index.has_spans:
-      moments = dict(spans=index.spans, durations=index.durations)
+  moments = shards.moments(split)
   written = plots_lib.write_evaluation_plots(config, params, data, result, output_dir,
                                              **moments)
   if workdir and os.path.isfile(os.path.join(workdir, plots_lib.METRICS_FILE)):

@@ -1,4 +1,5 @@
-"""Evaluation splits: the video and query streams of a shard folder, with their ids.
+"""Evaluation splits: the video and query streams of a split, with their ids (a run's data
+makes them: `prvr_jax.data.protocol.RunData.eval_split`).
 
 Every item carries a key: a video's key is its index in `video_ids` (the split's videos in
 first-appearance order), a query's key its index in `caption_ids` (caption-file order), and
@@ -9,13 +10,8 @@ these keys only, so the order of the batches does not matter.
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 import hashlib
-from typing import Any, TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:  # The data readers need TensorFlow; the evaluator and its users do not.
-  from prvr_jax.data import frame_data
-  from prvr_jax.data import pipeline
 
 VIDEO_KEY = 'video_index'
 QUERY_KEY = 'query_index'
@@ -50,26 +46,3 @@ class EvalSplit:
   video_ids: Sequence[str]
   caption_ids: Sequence[str]
   moment_ratio: np.ndarray | None = None
-
-
-def eval_split(config: Any, shards: 'pipeline.ShardDataset | frame_data.FrameData', split: str
-               ) -> EvalSplit:
-  """`split` of the shard folder, videos in the official evaluation chunks.
-
-  `split` is 'val' / 'test' (mapped through `config.data.{val,test}_split`) or a split name
-  of the shards. Every host reads every batch (global view) and feeds its block. Frame data
-  (`frame_data.FrameData`): every video and every caption of the split once.
-  """
-  from prvr_jax.data import frame_data, pipeline  # pylint: disable=g-import-not-at-top
-  if isinstance(shards, frame_data.FrameData):
-    return EvalSplit(*frame_data.eval_streams(config, shards, split))
-  name = config.data.get(f'{split}_split', split)
-  index = pipeline.eval_index(shards, name)
-  hosts = dict(process_index=0, process_count=1)
-  return EvalSplit(
-      video_batches=lambda: pipeline.eval_videos(
-          shards, name, global_batch_size=config.eval.video_batch_size, **hosts),
-      query_batches=lambda: pipeline.eval_queries(
-          shards, name, global_batch_size=config.eval.query_batch_size, **hosts),
-      video_ids=index.video_ids, caption_ids=index.caption_ids,
-      moment_ratio=index.moment_ratio)

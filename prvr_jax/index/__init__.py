@@ -1,6 +1,6 @@
 """A retrieval index for every registered model: encode a gallery once, search it exactly.
 
-  index = build_index(config, params, eval_split(config, shards, 'test'), '/idx', dtype='int8')
+  index = build_index(config, params, data.eval_split('test'), '/idx', dtype='int8')
   searcher = Searcher(open_index('/idx'))
   result = searcher.search({'query_feats': ..., 'query_mask': ...}, k=100)
 

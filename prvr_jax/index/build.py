@@ -1,6 +1,6 @@
 """Building an index from a model and a split, and handing an index to the evaluator.
 
-  index = build_index(config, params, eval_split(config, shards, 'test'), '/idx/tvr_test',
+  index = build_index(config, params, data.eval_split('test'), '/idx/tvr_test',
                       dtype='int8')
   gallery = evaluation_gallery(index, evaluator, split)   # Evaluator.evaluate(..., gallery=)
 """
@@ -18,7 +18,7 @@ from prvr_jax import config_lib
 from prvr_jax import parallel
 from prvr_jax.eval import run
 from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
-from prvr_jax.eval.splits import EvalSplit, eval_split
+from prvr_jax.eval.splits import EvalSplit
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
 
@@ -111,12 +111,13 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
           'data': built.get('trained_on')}
   output_dir = output_dir or f'{index.path}_eval_{split}'
   mesh = parallel.make_mesh()
-  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  shards = pipeline.open_run_data(config, info['workdir'] or output_dir)
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  run_data.prepare_run_data(config, info['workdir'] or output_dir)
+  shards = run_data.open_run_data(config, info['workdir'] or output_dir)
   evaluated_on = shards.identity()
   cross = run.check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),
                          index.path, cross_dataset)
-  data = eval_split(config, shards, split)
+  data = shards.eval_split(split)
   evaluator = Evaluator.from_config(config, mesh)
   result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
                               gallery=evaluation_gallery(index, evaluator, data))

@@ -35,8 +35,9 @@ from prvr_jax import parallel
 from prvr_jax import plots
 from prvr_jax import summary
 from prvr_jax.data import check as data_check
-from prvr_jax.data import pipeline
-from prvr_jax.eval import Evaluator, eval_split
+from prvr_jax.data import protocol
+from prvr_jax.data import run_data
+from prvr_jax.eval import Evaluator
 from prvr_jax.eval import run as eval_run
 from prvr_jax.models import registry
 from prvr_jax.train import data as train_data
@@ -127,12 +128,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                if latest_meta is not None else [])
     writer = logs.MetricWriter(workdir, is_main)
     # Every process: the check is read-only, and one process raising alone would leave the
-    # others waiting in open_run_data's barrier.
+    # others waiting in prepare_run_data's barrier.
     data_check.check_before_run(config)
-    shards = pipeline.open_run_data(config, workdir)
+    run_data.prepare_run_data(config, workdir)
+    shards = run_data.open_run_data(config, workdir)
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)
-    epoch_steps = train_data.steps_per_epoch(config, shards)
+    epoch_steps = shards.steps_per_epoch
     tx, schedule = make_optimizer(config, epoch_steps * num_epochs)
     abstract_state = abstract_train_state(config, tx, mesh)
     restored = checkpoints.restore_latest(abstract_state)
@@ -181,7 +183,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       params, best_meta = state.params, meta
     else:
       params, best_meta = best
-    test_data = eval_split(config, shards, 'test')
+    test_data = shards.eval_split('test')
     test = evaluator.evaluate(params, test_data)
     out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
            'val_sumr': best_meta['best_sumr']}
@@ -203,17 +205,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
                   tx: optax.GradientTransformation, schedule: optax.Schedule,
                   state: TrainState, meta: dict[str, Any], epoch_steps: int,
-                  shards: pipeline.ShardDataset, evaluator: Evaluator,
+                  shards: protocol.RunData, evaluator: Evaluator,
                   checkpoints: checkpoint.Checkpoints,
                   writer: logs.MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
   """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None when
   `config.train.stop_after_steps` stopped it."""
   train_step = make_train_step(config, registry.get_spec(config.model), tx, schedule, mesh)
-  val_data = eval_split(config, shards, 'val')
+  val_data = shards.eval_split('val')
   stop_after = int(config.train.stop_after_steps)
   every = int(config.train.checkpoint_every_steps)
   step = int(meta['step'])
-  batches = train_data.train_batches(config, shards, step, mesh)
+  batches = shards.train_batches(step, mesh)
   for epoch in range(meta['epochs_done'], config.train.num_epochs):
     epoch_end = (epoch + 1) * epoch_steps
     log = logs.StepLog(writer, checkpoints, max(int(config.train.log_every_steps), 1), epoch,

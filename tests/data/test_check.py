@@ -13,6 +13,7 @@ import support
 from prvr_jax import config_lib
 from prvr_jax.data import catalogue
 from prvr_jax.data import check
+from prvr_jax.data import shard_format
 from prvr_jax.data import release
 from prvr_jax.data.catalogue import Count
 
@@ -209,7 +210,7 @@ def test_nothing_to_check_and_missing_files(tmp_path):
   assert synthetic.ok and synthetic.verdict == 'VERDICT: NOTHING TO CHECK'
   assert 'synthetic benchmark' in synthetic.nothing_to_check
   (tmp_path / 'shards').mkdir()
-  (tmp_path / 'shards' / check.SHARD_MANIFEST).write_text('{}')
+  (tmp_path / 'shards' / shard_format.MANIFEST).write_text('{}')
   shards = check.cheap_check(_config(tmp_path / 'shards'))
   assert shards.ok and 'prepared shard folder' in shards.nothing_to_check
   # The QVHighlights build's moments files are part of its release.
@@ -256,7 +257,7 @@ def test_cli_exits_nonzero_on_a_bad_release(tvr, tmp_path):
   path = os.path.join(tvr, 'FeatureData', 'i3d_resnet', 'feature.bin')
   with open(path, 'r+b') as f:
     f.truncate(10)
-  proc = support.run_cli('prvr_jax/data/check.py', '--config=configs/ms_sl.py:tvr',
+  proc = support.run_cli('prvr_jax/tools/check.py', '--config=configs/ms_sl.py:tvr',
                          f'--config.data.dir={tmp_path}', f'--config.model.visual_dim={DV}',
                          f'--config.model.query_dim={DQ}', '--nocatalogue', '--noprogress',
                          cache_dir=None, check=False, timeout=120)

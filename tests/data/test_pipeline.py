@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -13,7 +12,7 @@ import support
 support.require_tensorflow()
 
 from prvr_jax.data import pipeline
-from prvr_jax.data import prepare
+from prvr_jax.data import shard_format
 from prvr_jax.data import synthetic
 
 
@@ -159,13 +158,13 @@ def test_corrupted_shard_is_named(shards, tmp_path):
     f.seek(100)
     f.write(bytes([byte[0] ^ 0xFF]))
   corrupted = pipeline.open_shards(copy)  # same size: only the checksum can tell
-  with pytest.raises(prepare.ShardError, match='corrupted') as e:
+  with pytest.raises(shard_format.ShardError, match='corrupted') as e:
     pipeline.train_iterator(corrupted, global_batch_size=4, seed=0, process_index=0,
                             process_count=1)
   assert bad in str(e.value)
   with open(bad, 'ab') as f:
     f.write(b'x')
-  with pytest.raises(prepare.ShardError, match='truncated') as e:
+  with pytest.raises(shard_format.ShardError, match='truncated') as e:
     pipeline.open_shards(copy)
   assert bad in str(e.value)
 
@@ -177,40 +176,9 @@ def test_query_overflow_names_the_flag(shards):
     list(it)
 
 
-def test_resolve_shards_prepares_a_release_once(tmp_path):
-  root = synthetic.write_mssl(synthetic.generate(synthetic.SIZES['tiny'], seed=1),
-                              str(tmp_path / 'release'))
-  config = ml_collections.ConfigDict({
-      'data': {'dir': root, 'name': 'synthetic', 'collection': 'synthetic',
-               'visual_feature': 'synthetic', 'text_feature': 'roberta', 'train_split': 'train',
-               'val_split': 'val', 'test_split': 'test', 'skip_bad_items': False},
-      'model': {'visual_dim': 256, 'query_dim': 128, 'num_clips': 32, 'max_frames': 128,
-                'max_query_len': 30}})
-  workdir = str(tmp_path / 'work')
-  shards = pipeline.resolve_shards(config, workdir)
-  assert shards.dir == os.path.join(workdir, 'shards')
-  assert shards.split('train').num_videos == synthetic.SIZES['tiny'].num_videos[0]
-  mtime = os.stat(os.path.join(shards.dir, prepare.MANIFEST)).st_mtime_ns
-  config.data.dir = shards.dir  # a shard folder is used as is
-  assert pipeline.resolve_shards(config).dir == shards.dir
-  config.data.dir = root
-  pipeline.resolve_shards(config, workdir)
-  assert os.stat(os.path.join(shards.dir, prepare.MANIFEST)).st_mtime_ns >= mtime
-  config.model.visual_dim = 64
-  with pytest.raises(ValueError, match=r'config\.model\.visual_dim=64 but'):
-    pipeline.resolve_shards(config, workdir)
-  config.model.visual_dim = 256
-  # The config describing another collection than the shards were prepared from.
-  config.data.dir = shards.dir
-  config.data.collection = 'tvr'
-  with pytest.raises(ValueError, match=r"config\.data\.collection='tvr' but the shards in .* "
-                     r"have collection='synthetic'"):
-    pipeline.resolve_shards(config)
-
-
 def test_hostile_or_malformed_manifests_are_refused(tmp_path):
   out = synthetic.write_shards(synthetic.SIZES['tiny'], str(tmp_path / 'shards'), num_shards=2)
-  manifest_path = os.path.join(out, prepare.MANIFEST)
+  manifest_path = os.path.join(out, shard_format.MANIFEST)
   with open(manifest_path) as f:
     manifest = json.load(f)
   outside = dict(manifest)
@@ -218,12 +186,12 @@ def test_hostile_or_malformed_manifests_are_refused(tmp_path):
       **manifest['splits']['test'], 'index': {'file': '../../../etc/passwd', 'sha256': 'x'}}}
   with open(manifest_path, 'w') as f:
     json.dump(outside, f)
-  with pytest.raises(prepare.ShardError, match=r"lists a file outside its folder: "
+  with pytest.raises(shard_format.ShardError, match=r"lists a file outside its folder: "
                      r"'\.\./\.\./\.\./etc/passwd'"):
     pipeline.open_shards(out)
   broken = {k: v for k, v in manifest.items() if k != 'visual_dim'}
   with open(manifest_path, 'w') as f:
     json.dump(broken, f)
-  with pytest.raises(prepare.ShardError,
+  with pytest.raises(shard_format.ShardError,
                      match=r"manifest.json is malformed \(KeyError: 'visual_dim'\)"):
     pipeline.open_shards(out)

@@ -16,6 +16,7 @@ from prvr_jax import files
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import release as release_lib
+from prvr_jax.data import shard_format
 from prvr_jax.data import synthetic
 
 DV, DQ = 12, 8
@@ -94,7 +95,7 @@ def test_round_trip_is_bit_exact(toy):
 
 def test_manifest_and_spans(toy):
   _, out = toy
-  with open(os.path.join(out, prepare.MANIFEST)) as f:
+  with open(os.path.join(out, shard_format.MANIFEST)) as f:
     manifest = json.load(f)
   train, test = manifest['splits']['train'], manifest['splits']['test']
   assert manifest['complete'] and manifest['visual_dim'] == DV and manifest['query_dim'] == DQ
@@ -124,7 +125,7 @@ def test_resume_rebuilds_only_the_unfinished_split(toy, tmp_path):
   root, out = toy
   out2 = str(tmp_path / 'shards')
   shutil.copytree(out, out2)
-  manifest_path = os.path.join(out2, prepare.MANIFEST)
+  manifest_path = os.path.join(out2, shard_format.MANIFEST)
   with open(manifest_path) as f:
     manifest = json.load(f)
   train_file = os.path.join(out2, manifest['splits']['train']['shards'][0]['file'])
@@ -135,13 +136,13 @@ def test_resume_rebuilds_only_the_unfinished_split(toy, tmp_path):
   manifest['complete'] = False
   with open(manifest_path, 'w') as f:
     json.dump(manifest, f)
-  with pytest.raises(prepare.ShardError, match='did not finish'):
+  with pytest.raises(shard_format.ShardError, match='did not finish'):
     pipeline.open_shards(out2)
   prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', num_shards=3)
   assert os.stat(train_file).st_mtime_ns == train_mtime
-  with open(manifest_path) as f, open(os.path.join(out, prepare.MANIFEST)) as g:
+  with open(manifest_path) as f, open(os.path.join(out, shard_format.MANIFEST)) as g:
     assert json.load(f) == json.load(g)  # the same bytes: identical sha256 everywhere
-  with pytest.raises(prepare.ShardError, match='other settings'):
+  with pytest.raises(shard_format.ShardError, match='other settings'):
     prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', max_frames=64)
 
 
@@ -189,7 +190,7 @@ def test_out_folder_and_num_shards_are_checked(tmp_path):
   busy = tmp_path / 'home'
   busy.mkdir()
   (busy / 'notes.txt').write_text('mine')
-  with pytest.raises(prepare.ShardError, match='non-empty folder without manifest.json'):
+  with pytest.raises(shard_format.ShardError, match='non-empty folder without manifest.json'):
     prepare.prepare_shards(root, str(busy), collection='toy', visual_feature='feat')
   assert os.listdir(busy) == ['notes.txt']
 
@@ -201,9 +202,9 @@ def test_training_videos_in_the_test_split_are_refused_unless_allowed(tmp_path, 
                              + [('v0#0', 'a training video')])
   with open(os.path.join(root, 'TextData', 'toytest.moments.txt'), 'a') as f:
     f.write('v0#0 0 1 2\n')
-  with pytest.raises(prepare.ShardError, match=r"train&test: 1 videos, e.g. \['v0'\]"):
+  with pytest.raises(shard_format.ShardError, match=r"train&test: 1 videos, e.g. \['v0'\]"):
     prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
-  with pytest.raises(prepare.ShardError, match='did not finish'):
+  with pytest.raises(shard_format.ShardError, match='did not finish'):
     pipeline.open_shards(str(tmp_path / 'a'))
   out = str(tmp_path / 'b')
   prepare.prepare_shards(root, out, collection='toy', visual_feature='feat',

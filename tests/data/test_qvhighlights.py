@@ -12,6 +12,7 @@ import support
 support.require_tensorflow()
 
 from prvr_jax.data import pipeline
+from prvr_jax.data import shard_format
 from prvr_jax.data import prepare
 from prvr_jax.data import qvhighlights as qvh
 from prvr_jax.data import release as release_lib
@@ -187,7 +188,7 @@ def test_a_source_in_train_and_val_is_built_and_then_refused_by_prepare(tmp_path
   assert rel.split('train').num_frames('XyZ') == rel.split('val').num_frames('XyZ') == 82
   kwargs = dict(collection='qvhighlights', visual_feature='slowfast_clip',
                 text_feature='clip_text', num_shards=1)
-  with pytest.raises(prepare.ShardError, match=r"train&test: 1 videos, e.g. \['XyZ'\]; "
+  with pytest.raises(shard_format.ShardError, match=r"train&test: 1 videos, e.g. \['XyZ'\]; "
                      r"train&val: 1 videos"):
     prepare.prepare_shards(out, str(tmp_path / 'a'), **kwargs)
   prepare.prepare_shards(out, str(tmp_path / 'b'), allow_split_overlap=True, **kwargs)

@@ -57,7 +57,9 @@ def _query_file(root):
 def test_bigfile_round_trip_and_memmap(tmp_path):
   ids = [f'f{i}' for i in range(10)]
   x = np.random.default_rng(1).normal(size=(10, 4)).astype(np.float32)
-  release.write_bigfile(str(tmp_path), ids, x)
+  writer = release.BigFileWriter(str(tmp_path))
+  writer.add(ids, x)
+  writer.close()
   bf = release.BigFile(str(tmp_path))
   assert isinstance(bf._data, np.memmap)
   assert bf.shape == (10, 4) and bf.dim == 4 and len(bf) == 10 and 'f3' in bf

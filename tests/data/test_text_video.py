@@ -15,6 +15,8 @@ tf = support.require_tensorflow()
 from prvr_jax.data import frames as fr
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import text_video as tv
+from prvr_jax.data import text_video_features as tvx
+from prvr_jax.data import text_video_frames as tvf
 
 DataError = release_lib.DataError
 MEAN, STD = np.array(fr.CLIP_MEAN, np.float32), np.array(fr.CLIP_STD, np.float32)
@@ -477,7 +479,7 @@ def frame_split(tmp_path):
 
 def test_frame_dataset_eval_order_values_and_padding(frame_split):
   split, root = frame_split
-  data = tv.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=4,
+  data = tvf.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=4,
                           size=8)
   batches = list(data)
   assert len(batches) == len(data) == 3 and data.batches_per_epoch == 3
@@ -501,7 +503,7 @@ def test_frame_dataset_shuffle_rand_augment_reproducible(frame_split):
   starts, counts = {'va': 0, 'vb': 100, 'vc': 3}, {'va': 5, 'vb': 2, 'vc': 9}
 
   def epochs(seed, augment):
-    data = tv.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=3,
+    data = tvf.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=3,
                             size=8, mode='rand', train_augment=augment, shuffle=True, seed=seed,
                             num_epochs=2, drop_remainder=True)
     return list(data)
@@ -536,14 +538,14 @@ def test_frame_dataset_bad_input(frame_split, tmp_path):
   missing = tv.TextVideoSplit('msrvtt', 'test', ['va', 'vz'],
                               [('c0', 'va', 'x'), ('c1', 'vz', 'y')], {}, 'test')
   with pytest.raises(FileNotFoundError, match=r'video vz: .*frames/vz'):
-    tv.frame_dataset(missing, root, tokenize=fake_tokenize, batch_size=2)
+    tvf.frame_dataset(missing, root, tokenize=fake_tokenize, batch_size=2)
   (root / 'vb' / 'f2.png').write_bytes(b'corrupt')
-  data = tv.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=4,
+  data = tvf.frame_dataset(split, root, tokenize=fake_tokenize, batch_size=2, num_frames=4,
                           size=8)
   with pytest.raises(DataError, match=r'vb/f2\.png: cannot read or decode'):
     list(data)
   with pytest.raises(ValueError, match='tokenize'):
-    tv.frame_dataset(split, root, tokenize=lambda t: np.zeros(len(t)), batch_size=2)
+    tvf.frame_dataset(split, root, tokenize=lambda t: np.zeros(len(t)), batch_size=2)
 
 
 # ----------------------------------------------------------------------------- frozen features
@@ -567,10 +569,10 @@ def feature_inputs(tmp_path, n_frames=None, dim=16):
 
 def test_feature_release_reads_back_unchanged(tmp_path):
   splits, frames, texts = feature_inputs(tmp_path)
-  counts = tv.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
+  counts = tvx.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
                                     tmp_path / 'out', 'msrvtt', num_frames=12, dim=16)
-  assert counts['train'] == tv.FeatureCounts(videos=2, captions=4, short_videos=0)
-  assert counts['test'] == tv.FeatureCounts(videos=2, captions=2, short_videos=1)
+  assert counts['train'] == tvx.FeatureCounts(videos=2, captions=4, short_videos=0)
+  assert counts['test'] == tvx.FeatureCounts(videos=2, captions=2, short_videos=1)
   with release_lib.Release(tmp_path / 'out', 'msrvtt', tv.VISUAL_FEATURE, tv.TEXT_FEATURE,
                            max_frames=12) as rel:
     assert rel.splits == ('train', 'val', 'test')
@@ -593,10 +595,10 @@ def test_feature_release_reads_back_unchanged(tmp_path):
 
 def test_feature_pairs(tmp_path):
   splits, frames, texts = feature_inputs(tmp_path)
-  tv.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
+  tvx.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
                            tmp_path / 'out', 'msrvtt', dim=16)
   train = splits['train']
-  batches = list(tv.feature_pairs(tmp_path / 'out', 'msrvtt', 'train', batch_size=3))
+  batches = list(tvx.feature_pairs(tmp_path / 'out', 'msrvtt', 'train', batch_size=3))
   cat = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
   assert cat['caption_index'].tolist() == [0, 1, 2, 3, -1, -1]
   assert cat['video_index'].tolist() == [0, 0, 1, 1, -1, -1]
@@ -606,7 +608,7 @@ def test_feature_pairs(tmp_path):
     np.testing.assert_array_equal(cat['video_feats'][row], frames[vid][idx])
     np.testing.assert_array_equal(cat['text_feats'][row], texts[cap_id])
   assert not cat['video_feats'][4:].any() and not cat['text_feats'][4:].any()
-  shuffled = [b['caption_index'].tolist() for b in tv.feature_pairs(
+  shuffled = [b['caption_index'].tolist() for b in tvx.feature_pairs(
       tmp_path / 'out', 'msrvtt', 'train', batch_size=2, shuffle=True, seed=3, num_epochs=2)]
   assert shuffled == [tv.pair_order(4, 2, shuffle=True, seed=3, epoch=e, drop_remainder=False)
                       .tolist()[i:i + 2] for e in (0, 1) for i in (0, 2)]
@@ -616,7 +618,7 @@ def test_feature_pairs(tmp_path):
 def test_feature_release_prepares_shards(tmp_path):
   from prvr_jax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
   splits, frames, _ = feature_inputs(tmp_path)
-  tv.write_feature_release({'train': splits['train'], 'test': splits['test']},
+  tvx.write_feature_release({'train': splits['train'], 'test': splits['test']},
                            tmp_path / 'frames.h5', tmp_path / 'text.h5', tmp_path / 'out',
                            'msrvtt', dim=16)
   prepare.prepare_shards(str(tmp_path / 'out'), str(tmp_path / 'shards'), collection='msrvtt',
@@ -637,44 +639,44 @@ def test_feature_release_bad_input(tmp_path):
   args = (splits, tmp_path / 'frames.h5', tmp_path / 'text.h5', tmp_path / 'out', 'msrvtt')
   with pytest.raises(DataError, match=r"video 'video3' has features of shape \(30, 16\) in "
                                       r'.*frames.h5, expected \[n_frames >= 1, 512\]'):
-    tv.write_feature_release(*args)
+    tvx.write_feature_release(*args)
   with h5py.File(tmp_path / 'frames.h5', 'a') as f:
     del f['video8']
   with pytest.raises(DataError, match=r'1 of 4 videos have no features in .*frames.h5:\n'
                                       r'  video8'):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
   with h5py.File(tmp_path / 'frames.h5', 'a') as f:
     f.create_dataset('video8', data=np.zeros((0, 16), np.float32))
   with pytest.raises(DataError, match=r"video 'video8' has features of shape \(0, 16\)"):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
   with h5py.File(tmp_path / 'frames.h5', 'a') as f:
     del f['video8']
     f.create_dataset('video8', data=np.full((3, 16), np.nan, np.float32))
   with h5py.File(tmp_path / 'text.h5', 'a') as f:
     del f['ret1']
   with pytest.raises(DataError, match=r'1 of 6 captions have no features in .*text.h5:\n  ret1'):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
   with h5py.File(tmp_path / 'text.h5', 'a') as f:
     f.create_dataset('ret1', data=np.zeros((2, 16), np.float32))
   with pytest.raises(DataError, match=r"caption 'ret1' has features of shape \(2, 16\)"):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
   with h5py.File(tmp_path / 'text.h5', 'a') as f:
     del f['ret1']
     f.create_dataset('ret1', data=np.zeros(16, np.float32))
   with pytest.raises(DataError, match=r"video 'video8': NaN/Inf in its features in .*frames.h5"):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
   assert os.listdir(tmp_path / 'out') == []  # nothing left behind
   with pytest.raises(FileNotFoundError, match='absent.h5'):
-    tv.write_feature_release(splits, tmp_path / 'absent.h5', *args[2:], dim=16)
+    tvx.write_feature_release(splits, tmp_path / 'absent.h5', *args[2:], dim=16)
   os.makedirs(tmp_path / 'out' / 'msrvtt')
   with pytest.raises(FileExistsError, match='out/msrvtt exists'):
-    tv.write_feature_release(*args, dim=16)
+    tvx.write_feature_release(*args, dim=16)
 
 
 def test_feature_release_cli(tmp_path):
   feature_inputs(tmp_path, dim=512)
   proc = support.run_cli(
-      'prvr_jax/data/text_video.py', '--dataset=msrvtt', f'--annotations={tmp_path / "ann"}',
+      'prvr_jax/tools/write_text_video.py', '--dataset=msrvtt', f'--annotations={tmp_path / "ann"}',
       f'--frame_features={tmp_path / "frames.h5"}', f'--text_features={tmp_path / "text.h5"}',
       f'--out={tmp_path / "out"}', '--splits=train=train,test=test', cache_dir=None)
   assert 'train (train): 2 videos, 4 captions' in proc.stdout

@@ -130,8 +130,9 @@ def test_device_solver_refuses_data_beyond_its_bound():
   support.require_tensorflow()
   from prvr_jax.train import data as train_data  # pylint: disable=g-import-not-at-top
   config = support.load_config('gmmformer_v2', 'tiny')
-  split = type('Split', (), {'name': 'train', 'max_captions_per_video': 40})()
-  shards = type('Shards', (), {'dir': '/data/x', 'split': lambda self, name: split})()
+  batching = type('Batching', (), {'split': lambda self, name: name})()
+  shards = type('Data', (), {'dir': '/data/x', 'batching': batching,
+                             'max_captions_per_video': 40})()
   train_data.check_matching_bound(config, shards)  # host solver: no bound
   config.loss.om_solver = 'device'
   with pytest.raises(ValueError, match='num_clips=32 captions per video.*has 40'):

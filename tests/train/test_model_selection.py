@@ -14,19 +14,19 @@ import json, os, runpy, sys
 import numpy as np
 from prvr_jax import checkpoint
 from prvr_jax.eval import evaluator
-from prvr_jax.train import loop
+from prvr_jax.data import protocol
 
 def record(**event):
   with open(os.environ['SPY_LOG'], 'a') as f:
     f.write(json.dumps(event) + '\\n')
 
 split_of = {}
-real_eval_split = loop.eval_split
-def eval_split(config, shards, split):
-  data = real_eval_split(config, shards, split)
+real_eval_split = protocol.ShardData.eval_split
+def eval_split(self, split):
+  data = real_eval_split(self, split)
   split_of[id(data)] = split
   return data
-loop.eval_split = eval_split
+protocol.ShardData.eval_split = eval_split
 
 val_sumr = [float(x) for x in os.environ['SCRIPTED_VAL_SUMR'].split(',')]
 real_evaluate = evaluator.Evaluator.evaluate

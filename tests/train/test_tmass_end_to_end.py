@@ -15,8 +15,9 @@ tf = support.require_tensorflow()
 
 from prvr_jax import checkpoint, models, parallel, train
 from prvr_jax.data import text_video
+from prvr_jax.data import text_video_features
 from prvr_jax.data.release import DataError
-from prvr_jax.train import data as train_data
+from prvr_jax.data import protocol
 
 # A hand-made BPE vocabulary: 512 byte tokens, these merges, SOT, EOT (ids < 1024 = the tiny
 # CLIP's vocabulary).
@@ -93,12 +94,14 @@ def test_feature_release_trains_on_caption_pairs(tmp_path):
     with h5py.File(tmp_path / name, 'w') as f:
       for k, x in arrays.items():
         f.create_dataset(k, data=x)
-  text_video.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
-                                   tmp_path / 'release', 'msrvtt', dim=32)
+  text_video_features.write_feature_release(
+      splits, tmp_path / 'frames.h5', tmp_path / 'text.h5', tmp_path / 'release', 'msrvtt', dim=32)
   config = support.load_config('tmass', 'tiny')
   config.data.update(dir=str(tmp_path / 'release'), collection='msrvtt', train_pairs=True)
   config.train.update(batch_size=2)
-  batches = train_data.train_batches(config, None, 1, parallel.make_mesh())
+  data = protocol.FeaturePairData(None, protocol.Batching.from_config(config),
+                                  release_dir=config.data.dir, collection='msrvtt')
+  batches = data.train_batches(1, parallel.make_mesh())
   seen = []
   for _ in range(3):  # steps 1..3: the rest of epoch 0 and epoch 1
     batch = jax.device_get(next(batches))

@@ -1,0 +1,52 @@
+r"""Prepares the feature shards of a release (`prepare.prepare_from_config`), after checking it
+(`check.check_before_run`).
+
+  prvr-prepare --config=configs/gmmformer_v2.py:tvr \
+      --config.data.dir=/data/ms-sl/tvr --out=/data/shards/tvr
+
+(or python -m prvr_jax.tools.prepare). Writes `<out>/manifest.json` and the TFDS folders
+beside it; prints each split's counts.
+"""
+
+import json
+import logging
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from prvr_jax import config_lib
+from prvr_jax.data import check
+from prvr_jax.data import prepare
+
+
+def _main(argv: list[str]) -> None:
+  del argv
+  config, out = flags.FLAGS.config, flags.FLAGS.out
+  config_lib.validate(config)
+  if not config.data.dir:
+    raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
+  check.check_before_run(config)
+  path = prepare.prepare_from_config(config, out, flags.FLAGS.num_shards)
+  with open(path, encoding='utf-8') as f:
+    manifest = json.load(f)
+  for name, s in manifest['splits'].items():
+    print(f'{name}: {s["num_videos"]} videos, {s["num_captions"]} captions, '
+          f'{len(s["shards"])} shards, skipped {len(s["skipped"])} bad item(s)')
+  print(f'wrote {path}')
+
+
+def main() -> None:
+  """The `prvr-prepare` command."""
+  config_flags.DEFINE_config_file('config', None, 'model config file[:dataset]', lock_config=True)
+  flags.DEFINE_string('out', None, 'output shard folder', required=True)
+  flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
+  flags.mark_flag_as_required('config')
+  config_lib.check_override_flags(sys.argv)
+  logging.basicConfig(level=logging.INFO)
+  app.run(_main)
+
+
+if __name__ == '__main__':
+  main()
