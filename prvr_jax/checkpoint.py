@@ -32,6 +32,7 @@ import orbax.checkpoint as ocp
 
 from prvr_jax import convert
 from prvr_jax import parallel
+from prvr_jax import torch_file
 from prvr_jax.files import short
 from prvr_jax.models import registry
 from prvr_jax.models.spec import path_of
@@ -337,7 +338,8 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
 
   Args:
     path: a train.py workdir / checkpoint folder (see `_location`), or an official PyTorch
-      `best.ckpt` / state_dict file (converted by `prvr_jax.convert`).
+      `best.ckpt` / state_dict file (read by `prvr_jax.torch_file`, mapped by
+      `prvr_jax.convert`).
     config: the config; its model must be the checkpoint's model.
     mesh: from `parallel.make_mesh()`.
 
@@ -350,7 +352,7 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
     if not path.endswith(TORCH_SUFFIXES):
       raise ValueError(f'{path} is a file but not a PyTorch checkpoint '
                        f'({", ".join(TORCH_SUFFIXES)}).')
-    state_dict = convert.load_torch_checkpoint(path)
+    state_dict = torch_file.load_torch_checkpoint(path)
     check_finite(state_dict, path)
     params = convert.torch_to_params(state_dict, config.model.name, config.model)
     return (parallel.replicate(params, mesh),
