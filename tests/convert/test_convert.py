@@ -124,8 +124,8 @@ def test_v1_checkpoint_into_v2_is_refused():
 
 def test_cli_import_and_export(tmp_path):
   env = support.subprocess_env(JAX_PLATFORMS='cpu')
-  run = lambda *args: subprocess.run([sys.executable, '-m', 'prvr_jax.tools.convert', *args], env=env,
-                                     check=True, capture_output=True, text=True)
+  run = lambda *args: subprocess.run([sys.executable, '-m', 'prvr_jax.tools.convert', *args],
+                                     env=env, check=True, capture_output=True, text=True)
   run('--model=gmmformer', f'--checkpoint={_ckpt("gmmformer")}', f'--out={tmp_path}/p.msgpack')
   official = torch_file.load_torch_checkpoint(_ckpt('gmmformer'), use_torch=False)
   restored = serialization.msgpack_restore((tmp_path / 'p.msgpack').read_bytes())
