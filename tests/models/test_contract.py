@@ -93,7 +93,7 @@ def _loss_and_grads(model, matmul_precision):
   at `matmul_precision`."""
   spec, config, module, params = model
   batch = _batch(config, seed=1)
-  ctx = LossContext(config=config, epoch=jnp.int32(0), step=jnp.int32(0))
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(0), step=jnp.int32(0))
   loss_fn = lambda p: spec.objective(module, p, batch, _rngs(spec.rng_streams), ctx)
 
   def run(params):

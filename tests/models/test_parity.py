@@ -121,7 +121,7 @@ def _step_fn(name):
   config, model, _, _ = _setup(name)
   spec = models.get_spec(config.model)
   # Hard negatives on (the fixtures' hard mode, pool 1); dropout is 0.
-  ctx = LossContext(config=config, epoch=jnp.int32(1000), step=jnp.int32(0))
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(1000), step=jnp.int32(0))
   keys = jax.random.split(jax.random.key(0), len(spec.rng_streams))
   rngs = dict(zip(spec.rng_streams, keys))
 
