@@ -185,7 +185,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
   config = load_config(name, _SET.value)
   mesh = parallel.make_mesh()
   spec = models.get_spec(config.model)
-  tx, schedule = train.make_optimizer(config, spec, total_steps=1000)
+  tx, schedule = train.make_model_optimizer(config, spec, total_steps=1000)
   state = train.create_train_state(config, spec, tx, mesh)
   step = train.make_train_step(config, spec, tx, schedule, mesh)
   batch = parallel.global_batch(benchmark_batch(name, config.model, num_videos), mesh)

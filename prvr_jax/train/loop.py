@@ -44,7 +44,7 @@ from prvr_jax.train import data as train_data
 from prvr_jax.train import logs
 from prvr_jax.train import workdir as workdir_lib
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
-from prvr_jax.train.state import make_optimizer
+from prvr_jax.train.state import make_model_optimizer
 from prvr_jax.train.step import make_train_step
 
 TEST_METRICS_FILE = 'test_metrics.json'
@@ -134,7 +134,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)
     epoch_steps = train_data.steps_per_epoch(config, shards)
-    tx, schedule = make_optimizer(config, spec, epoch_steps * num_epochs)
+    tx, schedule = make_model_optimizer(config, spec, epoch_steps * num_epochs)
     abstract_state = abstract_train_state(config, spec, tx, mesh)
     restored = checkpoints.restore_latest(abstract_state)
     if restored is None:

@@ -23,8 +23,8 @@ class TrainState(struct.PyTreeNode):
   rng: jax.Array
 
 
-def make_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_model_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, total_steps: int
+                         ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimiser of `config.optim` for `total_steps` updates of `spec`'s model (of
   `config.model`), and its lr schedule.
 
@@ -38,9 +38,9 @@ def make_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, total_ste
     ratio = config.optim.get('backbone_lr', config.optim.lr) / config.optim.lr
     lr_multiplier = jax.tree.map(lambda in_backbone: ratio if in_backbone else 1.,
                                  match_paths(shapes, spec.backbone))
-  tx = optim.make_optimizer(config.optim, total_steps, spec.weight_decay_mask(shapes),
-                            spec.stacked_mask(shapes), lr_multiplier=lr_multiplier,
-                            upper_bounds=spec.upper_bound_tree(shapes))
+  tx = optim.make_gradient_transformation(
+      config.optim, total_steps, spec.weight_decay_mask(shapes), spec.stacked_mask(shapes),
+      lr_multiplier=lr_multiplier, upper_bounds=spec.upper_bound_tree(shapes))
   return tx, optim.make_schedule(config.optim, total_steps)
 
 

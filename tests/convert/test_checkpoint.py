@@ -22,7 +22,7 @@ SPEC = models.get_spec('gmmformer')
 def tiny():
   config = support.load_config('gmmformer', 'tiny')
   mesh = parallel.make_mesh()
-  tx, _ = train.make_optimizer(config, SPEC, total_steps=10)
+  tx, _ = train.make_model_optimizer(config, SPEC, total_steps=10)
   return config, mesh, tx
 
 

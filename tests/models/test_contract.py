@@ -142,7 +142,7 @@ def test_mixed_precision_loss_and_gradients_follow_float32(model, float32_loss_a
 
 
 def _run_steps(spec, config, mesh, epochs):
-  tx, schedule = train.make_optimizer(config, spec, total_steps=100)
+  tx, schedule = train.make_model_optimizer(config, spec, total_steps=100)
   state = train.create_train_state(config, spec, tx, mesh)
   step = train.make_train_step(config, spec, tx, schedule, mesh)
   losses = []
@@ -184,7 +184,7 @@ def test_train_step_compiles_once_and_two_devices_equal_one(model):
 def test_checkpoint_round_trip(model, tmp_path):
   spec, config, _, _ = model
   mesh = parallel.make_mesh()
-  tx, _ = train.make_optimizer(config, spec, total_steps=10)
+  tx, _ = train.make_model_optimizer(config, spec, total_steps=10)
   state = train.create_train_state(config, spec, tx, mesh)
   meta = {**checkpoint.model_fingerprint(config.model, spec), 'step': 7}
   saved = checkpoint.Checkpoints(str(tmp_path))

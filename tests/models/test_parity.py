@@ -225,7 +225,7 @@ def test_gradients(name):
 
 @pytest.mark.parametrize('name', MODELS)
 def test_bert_adam_steps(name):
-  """Two updates of the training optimiser (`train.make_optimizer`, config TVR values)
+  """Two updates of the training optimiser (`train.make_model_optimizer`, config TVR values)
   from the official gradients match two official BertAdam steps (the first has lr 0)."""
   config, _, params, fixture = _setup(name)
   lr, warmup, weight_decay, t_total = _optim_meta(_meta(fixture))
@@ -234,7 +234,7 @@ def test_bert_adam_steps(name):
               'bert_adam', lr, warmup, weight_decay, 1.0)
   grad_dict = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
   grads = convert.torch_to_params(grad_dict, name, config.model)
-  tx, schedule = train.make_optimizer(config, models.get_spec(config.model), t_total)
+  tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
   support.assert_close(schedule(1), fixture['step2/lr'], rtol=1e-6)  # float32 lr: ~1 rounding
 
   @jax.jit
