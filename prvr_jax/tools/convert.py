@@ -1,4 +1,5 @@
-"""prvr-convert: official PyTorch checkpoints <-> prvr_jax parameters (`prvr_jax.convert`).
+"""Official PyTorch checkpoints <-> prvr_jax parameters (`convert.checkpoint_to_params_file`,
+`convert.params_file_to_torch`).
 
   prvr-convert --model=gmmformer_v2 --checkpoint=best.ckpt --out=params.msgpack
   prvr-convert --model=gmmformer_v2 --params=params.msgpack --out=state_dict.npz
@@ -8,8 +9,6 @@
 torch file when torch is installed.
 """
 
-from collections.abc import Sequence
-
 from absl import app
 from absl import flags
 import jax
@@ -17,15 +16,7 @@ import jax
 from prvr_jax import convert
 
 
-def _define_flags() -> None:
-  flags.DEFINE_enum('model', None, convert.convertible_models(), 'model name', required=True)
-  flags.DEFINE_string('checkpoint', None, 'official best.ckpt or state_dict file to convert')
-  flags.DEFINE_string('params', None, 'flax msgpack params to export to torch names')
-  flags.DEFINE_string('out', None, '.msgpack (import); .npz or a torch file (export)',
-                      required=True)
-
-
-def main(argv: Sequence[str]) -> None:
+def _main(argv: list[str]) -> None:
   del argv
   args = flags.FLAGS
   if bool(args.checkpoint) == bool(args.params):
@@ -40,11 +31,15 @@ def main(argv: Sequence[str]) -> None:
     print(f'wrote {args.out}: {len(state_dict)} official {args.model} tensors')
 
 
-def run() -> None:
-  """The `prvr-convert` console script."""
-  _define_flags()
-  app.run(main)
+def main() -> None:
+  """The `prvr-convert` command."""
+  flags.DEFINE_enum('model', None, convert.convertible_models(), 'model name', required=True)
+  flags.DEFINE_string('checkpoint', None, 'official best.ckpt or state_dict file to convert')
+  flags.DEFINE_string('params', None, 'flax msgpack params to export to torch names')
+  flags.DEFINE_string('out', None, '.msgpack (import); .npz or a torch file (export)',
+                      required=True)
+  app.run(_main)
 
 
 if __name__ == '__main__':
-  run()
+  main()
