@@ -32,9 +32,10 @@ import orbax.checkpoint as ocp
 
 from prvr_jax import convert
 from prvr_jax import parallel
+from prvr_jax import torch_file
 from prvr_jax.files import short
 from prvr_jax.models import registry
-from prvr_jax.models.spec import path_of
+from prvr_jax.models.spec import ModelSpec, path_of
 
 LATEST_DIR = 'checkpoints'
 BEST_DIR = 'best'
@@ -51,20 +52,22 @@ class CheckpointError(ValueError):
   """A damaged, incomplete or mismatching checkpoint; the message names its folder."""
 
 
-def model_fingerprint(config: ml_collections.ConfigDict) -> dict[str, str]:
-  """Model name and a hash of every `config.model` field but the model's `fingerprint_exempt`
-  ones (evaluation-only knobs, init-time paths), guarding resuming and evaluating."""
-  exempt = registry.get_spec(config.model).fingerprint_exempt
-  fields = json.dumps({k: v for k, v in config.model.to_dict().items() if k not in exempt},
+def model_fingerprint(config_model: ml_collections.ConfigDict, spec: ModelSpec
+                      ) -> dict[str, str]:
+  """Model name and a hash of every `config_model` field but the `fingerprint_exempt` ones of
+  its `spec` (evaluation-only knobs, init-time paths), guarding resuming and evaluating."""
+  exempt = spec.fingerprint_exempt
+  fields = json.dumps({k: v for k, v in config_model.to_dict().items() if k not in exempt},
                       sort_keys=True, default=list)
-  return {'model': config.model.name,
+  return {'model': config_model.name,
           'model_config_hash': hashlib.sha256(fields.encode()).hexdigest()[:16]}
 
 
 def check_fingerprint(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
-                      where: str) -> None:
-  """Raises a clear error when checkpoint metadata `meta` is of another model."""
-  want = model_fingerprint(config)
+                      spec: ModelSpec, where: str) -> None:
+  """Raises a clear error when checkpoint metadata `meta` is of another model than
+  `config.model` (of `spec`)."""
+  want = model_fingerprint(config.model, spec)
   have = {k: meta.get(k) for k in want}
   if have != want:
     raise CheckpointError(
@@ -74,11 +77,12 @@ def check_fingerprint(meta: Mapping[str, Any], config: ml_collections.ConfigDict
         f'checkpoint was trained with (saved as {CONFIG_FILE} in its workdir).')
 
 
-def abstract_params(config: ml_collections.ConfigDict, mesh: Mesh) -> Any:
-  """ShapeDtypeStructs of the model's parameters, replicated on `mesh`."""
+def abstract_params(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh) -> Any:
+  """ShapeDtypeStructs of the parameters of `spec`'s model (of `config.model`), replicated
+  on `mesh`."""
   sharding = parallel.replicated(mesh)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                      registry.get_spec(config.model).param_shapes(config.model))
+                      spec.param_shapes(config.model))
 
 
 def _host(x: Any) -> np.ndarray:
@@ -256,12 +260,13 @@ class Checkpoints:
     step = self.latest.latest_step()
     return None if step is None else self.latest.meta(step)
 
-  def check_model(self, config: ml_collections.ConfigDict) -> None:
-    """Raises if the workdir holds checkpoints of another model."""
+  def check_model(self, config: ml_collections.ConfigDict, spec: ModelSpec) -> None:
+    """Raises if the workdir holds checkpoints of another model than `config.model` (of
+    `spec`)."""
     for store in (self.latest, self.best):
       step = store.latest_step()
       if step is not None:
-        check_fingerprint(store.meta(step), config, self.workdir)
+        check_fingerprint(store.meta(step), config, spec, self.workdir)
 
   def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
     """(state, meta) of the newest full state, or None."""
@@ -337,7 +342,8 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
 
   Args:
     path: a train.py workdir / checkpoint folder (see `_location`), or an official PyTorch
-      `best.ckpt` / state_dict file (converted by `prvr_jax.convert`).
+      `best.ckpt` / state_dict file (read by `prvr_jax.torch_file`, mapped by
+      `prvr_jax.convert`).
     config: the config; its model must be the checkpoint's model.
     mesh: from `parallel.make_mesh()`.
 
@@ -350,7 +356,7 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
     if not path.endswith(TORCH_SUFFIXES):
       raise ValueError(f'{path} is a file but not a PyTorch checkpoint '
                        f'({", ".join(TORCH_SUFFIXES)}).')
-    state_dict = convert.load_torch_checkpoint(path)
+    state_dict = torch_file.load_torch_checkpoint(path)
     check_finite(state_dict, path)
     params = convert.torch_to_params(state_dict, config.model.name, config.model)
     return (parallel.replicate(params, mesh),
@@ -367,8 +373,9 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
       raise CheckpointError(f'{directory} holds no complete checkpoint'
                             + (f' at step {step} (complete steps: {steps}).'
                                if step is not None else '.'))
-    check_fingerprint(store.meta(step), config, directory)
-    abstract = abstract_params(config, mesh)
+    spec = registry.get_spec(config.model)
+    check_fingerprint(store.meta(step), config, spec, directory)
+    abstract = abstract_params(config, spec, mesh)
     if is_best:
       params, meta = store.restore(step, ocp.args.StandardRestore(abstract))
     else:

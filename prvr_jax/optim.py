@@ -258,11 +258,12 @@ def make_schedule(config_optim: Any, total_steps: int) -> optax.Schedule:
   return SCHEDULES[name](config_optim.lr, config_optim.warmup_proportion, total_steps)
 
 
-def make_optimizer(config_optim: Any, total_steps: int,
-                   weight_decay_mask: Optional[MaskOrFn] = None,
-                   stacked: Optional[MaskOrFn] = None, lr_multiplier: Any = None,
-                   upper_bounds: Any = None) -> optax.GradientTransformation:
-  """Builds the optimiser of `config.optim`.
+def make_gradient_transformation(config_optim: Any, total_steps: int,
+                                 weight_decay_mask: Optional[MaskOrFn] = None,
+                                 stacked: Optional[MaskOrFn] = None, lr_multiplier: Any = None,
+                                 upper_bounds: Any = None) -> optax.GradientTransformation:
+  """The optax transformation of `config.optim`, with the per-leaf rules passed in (a
+  training run takes them from its model: `prvr_jax.train.make_model_optimizer`).
 
   Args:
     config_optim: `config.optim` with `name` ('bert_adam' | 'adamw' | 'hf_adamw'), `lr`,

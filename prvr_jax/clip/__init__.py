@@ -10,9 +10,7 @@ Parameters (`jax.eval_shape`, equal to open_clip's counts): ViT-B/32 151,277,313
 149,620,737. See docs/clip.md.
 
 This package imports `model` and `tokenizer` only, which depend on nothing else in prvr_jax.
-`weights.load` reads torch files through `prvr_jax.convert`, which imports the model registry:
-models should import `prvr_jax.clip` / `prvr_jax.clip.model`, never `prvr_jax.clip.weights`
-(that closes an import cycle through the registry).
+`weights.load` reads torch files through `prvr_jax.torch_file`, which imports no model either.
 """
 
 from prvr_jax.clip.model import CLIP

@@ -1,8 +1,8 @@
 """CLIP weights from OpenAI / open_clip state dicts and Hugging Face `CLIPModel` tensors.
 
 Nothing read from a file is executed: `.safetensors` files are parsed here with numpy
-(`read_safetensors`), torch files by `prvr_jax.convert.load_torch_checkpoint` (a restricted
-unpickler without torch, `torch.load(weights_only=True)` with it).
+(`read_safetensors`), torch files by `prvr_jax.torch_file.load_torch_checkpoint` (a
+restricted unpickler without torch, `torch.load(weights_only=True)` with it).
 
   config, params = weights.load('ViT-B-32.state_dict.pt')   # or HF 'model.safetensors'
   image_features = CLIP(config).apply({'params': params}, images, method='encode_image')
@@ -25,6 +25,7 @@ from flax import traverse_util
 import jax
 import numpy as np
 
+from prvr_jax import torch_file
 from prvr_jax.clip import model as model_lib
 from prvr_jax.clip.model import CLIPConfig
 from prvr_jax.files import listing
@@ -404,18 +405,11 @@ def _is_torchscript(path: str) -> bool:
     return any(n.endswith('/constants.pkl') or '/code/' in n for n in archive.namelist())
 
 
-def _strip_module_prefix(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """open_clip training checkpoints of DistributedDataParallel models prefix 'module.'."""
-  if tensors and all(k.startswith('module.') for k in tensors):
-    return {k[len('module.'):]: v for k, v in tensors.items()}
-  return tensors
-
-
 def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Params]:
   """(config, params) of a CLIP checkpoint file.
 
   `.safetensors` (read by `read_safetensors`) and `.pt` / `.pth` / `.bin` torch files (read by
-  `prvr_jax.convert.load_torch_checkpoint`, a state dict or a dict holding it under
+  `prvr_jax.torch_file.load_torch_checkpoint`, a state dict or a dict holding it under
   'state_dict'). The names say which mapping applies: Hugging Face `CLIPModel`
   (`vision_model.*`, `text_model.*`) or OpenAI / open_clip (`visual.*`, ...). OpenAI's
   released TorchScript archives are refused (reading them means running their code): re-save
@@ -434,12 +428,11 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
           'once with torch: torch.save(torch.jit.load(path, map_location="cpu").state_dict(), '
           '"ViT-B-32.state_dict.pt") (or open_clip.create_model("ViT-B-32-quickgelu", '
           'pretrained="openai").state_dict()), then load that file.')
-    from prvr_jax import convert  # pylint: disable=g-import-not-at-top
-    tensors = convert.load_torch_checkpoint(path)
+    tensors = torch_file.load_torch_checkpoint(path)
   else:
     raise ValueError(f'{path}: unknown CLIP checkpoint suffix {suffix!r} (expected .safetensors, '
                      '.pt, .pth or .bin)')
-  tensors = _strip_module_prefix(tensors)
+  tensors = torch_file.strip_module_prefix(tensors)
   if any(k.startswith(('vision_model.', 'text_model.')) for k in tensors):
     return from_huggingface(tensors, config)
   return from_torch_state_dict(tensors, config)

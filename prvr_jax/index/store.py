@@ -230,8 +230,7 @@ class IndexWriter:
     self._flush()
     if not self.shards:
       raise ValueError(f'{self.out_dir}: no videos were added to the index.')
-    fingerprint = checkpoint.model_fingerprint(ml_collections.ConfigDict(
-        {'model': self.config_model}))
+    fingerprint = checkpoint.model_fingerprint(self.config_model, self.spec)
     manifest = {
         'format': FORMAT, 'format_version': FORMAT_VERSION, **fingerprint,
         'config_model': self.config_model.to_dict(), 'dtype': self.dtype,
@@ -290,7 +289,7 @@ class Index:
 
   def check_config(self, config: ml_collections.ConfigDict, flag: str = '--config') -> None:
     """Raises when `config.model` is not the model this index was built with."""
-    want = checkpoint.model_fingerprint(config)
+    want = checkpoint.model_fingerprint(config.model, registry.get_spec(config.model))
     have = {k: self.manifest.get(k) for k in want}
     if have != want:
       raise IndexFormatError(

@@ -47,13 +47,15 @@ class LossContext:
 
   Built inside the jitted train step. `epoch` and `step` are traced int32 scalars, so
   schedules inside the loss (hard negatives from an epoch on) switch without recompiling.
+  The objective sees the loss settings only: what it needs of the model's fields the module
+  it is given already holds.
 
   Attributes:
-    config: the full run config (static).
+    loss: the run's `config.loss` (static): the terms' weights, margins and schedules.
     epoch: the epoch of this update (0-based).
     step: updates done before this one.
   """
-  config: Any
+  loss: Any
   epoch: jax.Array
   step: jax.Array
 

@@ -281,7 +281,7 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
   """
   def objective(model: nn.Module, params: Params, batch: Batch, rngs: Mapping[str, jax.Array],
                 ctx: LossContext) -> tuple[jax.Array, dict[str, jax.Array]]:
-    cfg = ctx.config.loss
+    cfg = ctx.loss
     outputs = model.apply({'params': params}, batch, deterministic=False,
                           rngs={k: v for k, v in rngs.items() if k != 'negatives'})
     masks = batch_masks(batch)

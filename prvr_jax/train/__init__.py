@@ -7,11 +7,11 @@ from typing import Any
 
 from prvr_jax.train.logs import NonFiniteLossError
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
-from prvr_jax.train.state import make_optimizer
+from prvr_jax.train.state import make_model_optimizer
 from prvr_jax.train.step import make_train_step
 
 __all__ = ['NonFiniteLossError', 'TrainState', 'abstract_train_state', 'create_train_state',
-           'make_optimizer', 'make_train_step', 'train_and_evaluate']
+           'make_model_optimizer', 'make_train_step', 'train_and_evaluate']
 
 
 def __getattr__(name: str) -> Any:

@@ -40,11 +40,12 @@ from prvr_jax.data import run_data
 from prvr_jax.eval import Evaluator
 from prvr_jax.eval import run as eval_run
 from prvr_jax.models import registry
+from prvr_jax.models.spec import ModelSpec
 from prvr_jax.train import data as train_data
 from prvr_jax.train import logs
 from prvr_jax.train import workdir as workdir_lib
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
-from prvr_jax.train.state import make_optimizer
+from prvr_jax.train.state import make_model_optimizer
 from prvr_jax.train.step import make_train_step
 
 TEST_METRICS_FILE = 'test_metrics.json'
@@ -122,7 +123,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   checkpoints = checkpoint.Checkpoints(workdir, config.train.checkpoint_keep)
   writer = None
   try:
-    checkpoints.check_model(config)
+    checkpoints.check_model(config, spec)
     latest_meta = checkpoints.latest_meta()
     changes = (_check_resume_config(config, latest_meta, workdir, allow_config_change)
                if latest_meta is not None else [])
@@ -135,12 +136,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)
     epoch_steps = shards.steps_per_epoch
-    tx, schedule = make_optimizer(config, epoch_steps * num_epochs)
-    abstract_state = abstract_train_state(config, tx, mesh)
+    tx, schedule = make_model_optimizer(config, spec, epoch_steps * num_epochs)
+    abstract_state = abstract_train_state(config, spec, tx, mesh)
     restored = checkpoints.restore_latest(abstract_state)
     if restored is None:
-      state = create_train_state(config, tx, mesh)
-      meta = {**checkpoint.model_fingerprint(config), 'data': shards.identity(),
+      state = create_train_state(config, spec, tx, mesh)
+      meta = {**checkpoint.model_fingerprint(config.model, spec), 'data': shards.identity(),
               'steps_per_epoch': epoch_steps, 'step': 0, 'epochs_done': 0, 'best_sumr': -1.0,
               'best_epoch': -1, 'es_count': 0, 'finished': False}
       logging.info('Starting %s in %s.', spec.name, workdir)
@@ -170,8 +171,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     evaluator = Evaluator.from_config(config, mesh)
     if not meta['finished']:
-      stopped = _train_epochs(config, mesh, tx, schedule, state, meta, epoch_steps, shards,
-                              evaluator, checkpoints, writer)
+      stopped = _train_epochs(config, spec, mesh, tx, schedule, state, meta, epoch_steps,
+                              shards, evaluator, checkpoints, writer)
       if stopped is None:
         return None
       state, meta = stopped
@@ -202,7 +203,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       writer.close()
 
 
-def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
+def _train_epochs(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh,
                   tx: optax.GradientTransformation, schedule: optax.Schedule,
                   state: TrainState, meta: dict[str, Any], epoch_steps: int,
                   shards: protocol.RunData, evaluator: Evaluator,
@@ -210,7 +211,7 @@ def _train_epochs(config: ml_collections.ConfigDict, mesh: Mesh,
                   writer: logs.MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
   """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None when
   `config.train.stop_after_steps` stopped it."""
-  train_step = make_train_step(config, registry.get_spec(config.model), tx, schedule, mesh)
+  train_step = make_train_step(config, spec, tx, schedule, mesh)
   val_data = shards.eval_split('val')
   stop_after = int(config.train.stop_after_steps)
   every = int(config.train.checkpoint_every_steps)

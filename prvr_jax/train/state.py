@@ -12,7 +12,6 @@ import optax
 from prvr_jax import optim
 from prvr_jax.clip import weights as clip_weights
 from prvr_jax import parallel
-from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec, match_paths
 
 
@@ -24,24 +23,24 @@ class TrainState(struct.PyTreeNode):
   rng: jax.Array
 
 
-def make_optimizer(config: ml_collections.ConfigDict, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimiser of `config.optim` for `total_steps` updates, and its lr schedule.
+def make_model_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, total_steps: int
+                         ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimiser of `config.optim` for `total_steps` updates of `spec`'s model (of
+  `config.model`), and its lr schedule.
 
   The weight-decay mask, BertAdam's per-tensor clipping groups, the backbone's lr group
   (`config.optim.backbone_lr`) and the clamped weights come from the rules the model declares
   (`ModelSpec.no_decay`, `stacked`, `backbone`, `upper_bounds`) applied to its parameter tree.
   """
-  spec = registry.get_spec(config.model)
   shapes = spec.param_shapes(config.model)
   lr_multiplier = None
   if spec.backbone:
     ratio = config.optim.get('backbone_lr', config.optim.lr) / config.optim.lr
     lr_multiplier = jax.tree.map(lambda in_backbone: ratio if in_backbone else 1.,
                                  match_paths(shapes, spec.backbone))
-  tx = optim.make_optimizer(config.optim, total_steps, spec.weight_decay_mask(shapes),
-                            spec.stacked_mask(shapes), lr_multiplier=lr_multiplier,
-                            upper_bounds=spec.upper_bound_tree(shapes))
+  tx = optim.make_gradient_transformation(
+      config.optim, total_steps, spec.weight_decay_mask(shapes), spec.stacked_mask(shapes),
+      lr_multiplier=lr_multiplier, upper_bounds=spec.upper_bound_tree(shapes))
   return tx, optim.make_schedule(config.optim, total_steps)
 
 
@@ -55,22 +54,23 @@ def _init_fn(config: ml_collections.ConfigDict, spec: ModelSpec,
   return init
 
 
-def abstract_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation,
-                         mesh: Mesh) -> TrainState:
-  """ShapeDtypeStructs (with replicated shardings) of the train state; nothing computed."""
-  init = _init_fn(config, registry.get_spec(config.model), tx)
+def abstract_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
+                         tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+  """ShapeDtypeStructs (with replicated shardings) of the train state of `spec`'s model;
+  nothing computed."""
+  init = _init_fn(config, spec, tx)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
   sharding = parallel.replicated(mesh)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
 
 
-def create_train_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation,
-                       mesh: Mesh) -> TrainState:
-  """Fresh state from `config.train.seed`, computed on device already replicated; with
-  `config.model.clip_weights`, the model's CLIP towers and logit scale start from that
-  checkpoint (`prvr_jax.clip.weights.load`)."""
-  init = jax.jit(_init_fn(config, registry.get_spec(config.model), tx),
+def create_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
+                       tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+  """Fresh state of `spec`'s model from `config.train.seed`, computed on device already
+  replicated; with `config.model.clip_weights`, the model's CLIP towers and logit scale start
+  from that checkpoint (`prvr_jax.clip.weights.load`)."""
+  init = jax.jit(_init_fn(config, spec, tx),
                  out_shardings=parallel.replicated(mesh))
   state = init(jax.random.PRNGKey(config.train.seed))
   path = config.model.get('clip_weights')

@@ -36,7 +36,7 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
            ) -> tuple[TrainState, dict[str, jax.Array]]:
     keys = jax.random.split(jax.random.fold_in(state.rng, state.step), len(spec.rng_streams))
     rngs = dict(zip(spec.rng_streams, keys))
-    ctx = LossContext(config=config, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
+    ctx = LossContext(loss=config.loss, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
     with matmul_precision(precision):
       (loss, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
           module, state.params, batch, rngs, ctx)

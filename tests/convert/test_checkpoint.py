@@ -12,15 +12,17 @@ import jax
 import numpy as np
 import pytest
 
-from prvr_jax import checkpoint, convert, parallel, train
+from prvr_jax import checkpoint, convert, models, parallel, torch_file, train
 import support
+
+SPEC = models.get_spec('gmmformer')
 
 
 @pytest.fixture(scope='module')
 def tiny():
   config = support.load_config('gmmformer', 'tiny')
   mesh = parallel.make_mesh()
-  tx, _ = train.make_optimizer(config, total_steps=10)
+  tx, _ = train.make_model_optimizer(config, SPEC, total_steps=10)
   return config, mesh, tx
 
 
@@ -29,10 +31,10 @@ def _save(workdir, tiny, step, seed=0, scale=1.0):
   config, mesh, tx = tiny
   config = config.copy_and_resolve_references()
   config.train.seed = seed
-  state = train.create_train_state(config, tx, mesh)
+  state = train.create_train_state(config, SPEC, tx, mesh)
   state = state.replace(params=jax.tree.map(lambda p: p * scale, state.params))
   saved = checkpoint.Checkpoints(str(workdir))
-  meta = {**checkpoint.model_fingerprint(config), 'step': step}
+  meta = {**checkpoint.model_fingerprint(config.model, SPEC), 'step': step}
   saved.save_latest(state, meta)
   saved.save_best(state.params, meta)
   saved.close()
@@ -61,7 +63,7 @@ def test_arrays_that_differ_from_what_was_saved_are_refused(tiny, tmp_path):
   reopened = checkpoint.Checkpoints(str(tmp_path / 'a'))
   with pytest.raises(checkpoint.CheckpointError, match=r'checkpoints/5 is corrupted: the sha256 '
                      'of its state arrays'):
-    reopened.restore_latest(train.abstract_train_state(config, tx, mesh))
+    reopened.restore_latest(train.abstract_train_state(config, SPEC, tx, mesh))
   reopened.close()
 
 
@@ -99,7 +101,7 @@ def test_incomplete_steps_are_skipped_and_set_aside(tiny, tmp_path, caplog):
                jax.device_get(state.params))
   resumed = checkpoint.Checkpoints(str(tmp_path / 'w'))  # what a resumed run opens
   assert sorted(os.listdir(latest)) == ['5', '9.incomplete']
-  restored, meta = resumed.restore_latest(train.abstract_train_state(config, tx, mesh))
+  restored, meta = resumed.restore_latest(train.abstract_train_state(config, SPEC, tx, mesh))
   resumed.close()
   assert meta['step'] == 5 and int(restored.step) == 0
 
@@ -111,7 +113,7 @@ def test_non_finite_parameters_are_refused(tiny, tmp_path):
                      r'or inf values \(first: '):
     checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
   # An official checkpoint with a NaN weight, named by its torch name.
-  official = convert.load_torch_checkpoint(str(support.OFFICIAL / 'gmmformer_best.ckpt'))
+  official = torch_file.load_torch_checkpoint(str(support.OFFICIAL / 'gmmformer_best.ckpt'))
   official['clip_encoder.attn1.self.key.weight'][3, 4] = np.nan
   path = tmp_path / 'nan_best.ckpt'
   _save_state_dict(path, official)

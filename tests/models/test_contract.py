@@ -93,7 +93,7 @@ def _loss_and_grads(model, matmul_precision):
   at `matmul_precision`."""
   spec, config, module, params = model
   batch = _batch(config, seed=1)
-  ctx = LossContext(config=config, epoch=jnp.int32(0), step=jnp.int32(0))
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(0), step=jnp.int32(0))
   loss_fn = lambda p: spec.objective(module, p, batch, _rngs(spec.rng_streams), ctx)
 
   def run(params):
@@ -142,8 +142,8 @@ def test_mixed_precision_loss_and_gradients_follow_float32(model, float32_loss_a
 
 
 def _run_steps(spec, config, mesh, epochs):
-  tx, schedule = train.make_optimizer(config, total_steps=100)
-  state = train.create_train_state(config, tx, mesh)
+  tx, schedule = train.make_model_optimizer(config, spec, total_steps=100)
+  state = train.create_train_state(config, spec, tx, mesh)
   step = train.make_train_step(config, spec, tx, schedule, mesh)
   losses = []
   for i, epoch in enumerate(epochs):
@@ -184,15 +184,16 @@ def test_train_step_compiles_once_and_two_devices_equal_one(model):
 def test_checkpoint_round_trip(model, tmp_path):
   spec, config, _, _ = model
   mesh = parallel.make_mesh()
-  tx, _ = train.make_optimizer(config, total_steps=10)
-  state = train.create_train_state(config, tx, mesh)
-  meta = {**checkpoint.model_fingerprint(config), 'step': 7}
+  tx, _ = train.make_model_optimizer(config, spec, total_steps=10)
+  state = train.create_train_state(config, spec, tx, mesh)
+  meta = {**checkpoint.model_fingerprint(config.model, spec), 'step': 7}
   saved = checkpoint.Checkpoints(str(tmp_path))
   saved.save_latest(state, meta)
   saved.save_best(state.params, meta)
   saved.close()
   reopened = checkpoint.Checkpoints(str(tmp_path))
-  restored, restored_meta = reopened.restore_latest(train.abstract_train_state(config, tx, mesh))
+  restored, restored_meta = reopened.restore_latest(
+      train.abstract_train_state(config, spec, tx, mesh))
   reopened.close()
   assert set(restored_meta.pop('digests')) == {'state', 'params'}  # checksums of the arrays
   assert restored_meta == meta

@@ -96,7 +96,7 @@ def test_objective_terms(tiny):
   batch = _batch(config.model, 3)
   rngs = {'dropout': jax.random.key(1), 'negatives': jax.random.key(2)}
   terms_of = lambda cfg: jax.eval_shape(lambda p: spec.objective(model, p, batch, rngs, LossContext(
-      config=cfg, epoch=jnp.int32(0), step=jnp.int32(0)))[1], params)
+      loss=cfg.loss, epoch=jnp.int32(0), step=jnp.int32(0)))[1], params)
   expected = {'clip_nce', 'clip_triplet', 'frame_nce', 'frame_triplet', 'qdl'}
   if config.model.name == 'gmmformer_v2':
     assert set(terms_of(config)) == expected | {'om'}

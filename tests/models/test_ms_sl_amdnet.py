@@ -81,7 +81,7 @@ def test_gmmformer_v2_losses_plug_in(name):
   batch = models.random_batch(config.model, np.random.default_rng(1), FRAME_LENGTHS,
                               QUERY_LENGTHS, queries_per_video=2)
   params = jax.jit(lambda k: spec.init_params(config.model, k))(jax.random.key(0))
-  ctx = models.LossContext(config=config, epoch=jax.numpy.int32(0), step=jax.numpy.int32(0))
+  ctx = models.LossContext(loss=config.loss, epoch=jax.numpy.int32(0), step=jax.numpy.int32(0))
   rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(2), len(spec.rng_streams))))
   _, off = spec.objective(module, params, batch, rngs, ctx)
   config.loss.update(qdl=0.5, om=0.25)

@@ -1,8 +1,9 @@
 """Parity with the official PyTorch GMMFormer v1 / v2, MS-SL and AMDNet (the last two minimally
 repaired; fixtures: tests/fixtures/README.md).
 
-Each fixture checkpoint is imported through `prvr_jax.convert`; our forward outputs, eval scores,
-loss terms, gradients and BertAdam updates must match what the official code computed.
+Each fixture checkpoint is read by `prvr_jax.torch_file` and mapped by `prvr_jax.convert`; our
+forward outputs, eval scores, loss terms, gradients and BertAdam updates must match what the
+official code computed.
 """
 
 import functools
@@ -15,7 +16,7 @@ import optax
 import pytest
 
 import support
-from prvr_jax import convert, metrics, models, train
+from prvr_jax import convert, metrics, models, torch_file, train
 from prvr_jax.data import preprocess, release
 from prvr_jax.models.spec import LossContext
 
@@ -86,7 +87,7 @@ def _setup(name):
   config.model.update({DIMS[k]: v for k, v in meta['dims'].items() if k in DIMS})
   config.model.update(dropout=0.0, input_dropout=0.0)
   config.loss.hard_pool_size = meta.get('hard_pool_size', config.loss.get('hard_pool_size', 1))
-  state_dict = convert.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
+  state_dict = torch_file.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
   params = convert.torch_to_params(state_dict, name, config.model)
   return config, models.get_model(config.model), params, fixture
 
@@ -120,7 +121,7 @@ def _step_fn(name):
   config, model, _, _ = _setup(name)
   spec = models.get_spec(config.model)
   # Hard negatives on (the fixtures' hard mode, pool 1); dropout is 0.
-  ctx = LossContext(config=config, epoch=jnp.int32(1000), step=jnp.int32(0))
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(1000), step=jnp.int32(0))
   keys = jax.random.split(jax.random.key(0), len(spec.rng_streams))
   rngs = dict(zip(spec.rng_streams, keys))
 
@@ -224,7 +225,7 @@ def test_gradients(name):
 
 @pytest.mark.parametrize('name', MODELS)
 def test_bert_adam_steps(name):
-  """Two updates of the training optimiser (`train.make_optimizer`, config TVR values)
+  """Two updates of the training optimiser (`train.make_model_optimizer`, config TVR values)
   from the official gradients match two official BertAdam steps (the first has lr 0)."""
   config, _, params, fixture = _setup(name)
   lr, warmup, weight_decay, t_total = _optim_meta(_meta(fixture))
@@ -233,7 +234,7 @@ def test_bert_adam_steps(name):
               'bert_adam', lr, warmup, weight_decay, 1.0)
   grad_dict = {k[len('b1/grad/'):]: v for k, v in fixture.items() if k.startswith('b1/grad/')}
   grads = convert.torch_to_params(grad_dict, name, config.model)
-  tx, schedule = train.make_optimizer(config, t_total)
+  tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
   support.assert_close(schedule(1), fixture['step2/lr'], rtol=1e-6)  # float32 lr: ~1 rounding
 
   @jax.jit

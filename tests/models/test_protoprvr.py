@@ -251,7 +251,7 @@ def test_every_ablation_builds_trains_a_step_and_changes_what_it_claims(ablation
   params = _params(config)
   batch = _batch(config)
   rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(1), 3)))
-  ctx = LossContext(config, jnp.int32(0), jnp.int32(0))
+  ctx = LossContext(config.loss, jnp.int32(0), jnp.int32(0))
   step = jax.jit(jax.value_and_grad(lambda p: spec.objective(module, p, batch, rngs, ctx),
                                     has_aux=True))
   (loss, terms), grads = step(params)

@@ -72,7 +72,7 @@ def _run(name):
   video_inputs, query_inputs = spec.inputs(config.model)
   batch = _batch(config, 0, SEEDS)
   distractors = _batch(config, 1, SEEDS + 100)
-  ctx = LossContext(config=config, epoch=jnp.int32(1), step=jnp.int32(0))
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(1), step=jnp.int32(0))
 
   @jax.jit
   def run(key, batch, distractors):

@@ -169,7 +169,7 @@ def test_four_updates_of_the_official_optimiser():
       eps=float(s['adam_eps'])))
   upper = jax.tree.map(lambda _: np.inf, tree)
   upper['head']['logit_scale'] = float(s['logit_scale_max'])
-  tx = optim.make_optimizer(
+  tx = optim.make_gradient_transformation(
       config, int(s['num_training_steps']),
       lr_multiplier=jax.tree.map(lambda c: clip_lr / head_lr if c else 1., in_clip_group),
       upper_bounds=upper)

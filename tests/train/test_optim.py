@@ -146,7 +146,7 @@ def test_bert_adam_matches_official_update():
   assert not np.allclose(flat(params)['dense/kernel'], before['dense/kernel'])
 
 
-def test_make_optimizer_bert_adam_and_adamw():
+def test_make_gradient_transformation_bert_adam_and_adamw():
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
                         make_params(rng))
@@ -156,7 +156,7 @@ def test_make_optimizer_bert_adam_and_adamw():
   zeros = jax.tree.map(jnp.zeros_like, params)
 
   # Zero gradients: the update is the weight decay alone, -lr * wd * p.
-  opt = optim.make_optimizer(config, total_steps=100)
+  opt = optim.make_gradient_transformation(config, total_steps=100)
   updates, _ = opt.update(zeros, opt.init(params), params)
   decay_scale = 1e-3 * 0.5 * max(np.abs(p).max() for p in flat(params).values())
   for k, u in flat(updates).items():
@@ -168,20 +168,20 @@ def test_make_optimizer_bert_adam_and_adamw():
 
   mask = {'dense': {'kernel': False, 'bias': False},
           'LayerNorm': {'scale': False, 'bias': False}, 'norm1': {'scale': True}}
-  opt = optim.make_optimizer(config, total_steps=100, weight_decay_mask=mask)
+  opt = optim.make_gradient_transformation(config, total_steps=100, weight_decay_mask=mask)
   updates, _ = opt.update(zeros, opt.init(params), params)
   decayed = {k for k, u in flat(updates).items() if np.any(u != 0)}
   assert decayed == {'norm1/scale'}
 
   config.name = 'adamw'
-  opt = optim.make_optimizer(config, total_steps=100)
+  opt = optim.make_gradient_transformation(config, total_steps=100)
   updates, _ = opt.update(zeros, opt.init(params), params)
   decayed = {k for k, u in flat(updates).items() if np.any(u != 0)}
   assert decayed == {'dense/kernel'}
 
   config.name = 'sgd'
   with pytest.raises(ValueError, match='config.optim.name'):
-    optim.make_optimizer(config, total_steps=100)
+    optim.make_gradient_transformation(config, total_steps=100)
 
 
 def test_stacked_branches_are_clipped_per_official_tensor():

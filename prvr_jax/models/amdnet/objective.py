@@ -21,7 +21,7 @@ def objective(model: nn.Module, params: Params, batch: Batch, rngs: Mapping[str,
               ctx: LossContext) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The training forward (dropout from `rngs['dropout']`), then the weighted terms.
   Returns (their sum, the terms)."""
-  cfg = ctx.config.loss
+  cfg = ctx.loss
   outputs = model.apply({'params': params}, batch, deterministic=False,
                         rngs={'dropout': rngs['dropout']})
   masks = two_branch.batch_masks(batch)

@@ -23,7 +23,7 @@ from prvr_jax.models.two_branch import batch_masks
 def objective(model: nn.Module, params: Params, batch: Batch, rngs: Mapping[str, jax.Array],
               ctx: LossContext) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(total, terms) of one training batch."""
-  cfg = ctx.config.loss
+  cfg = ctx.loss
   out = model.apply({'params': params}, batch, deterministic=False, rngs=dict(rngs))
   masks = batch_masks(batch)
 

@@ -1,0 +1,295 @@
+r"""Reading `torch.save` files safely: tensors and plain containers, never code from the file.
+
+`load_torch_checkpoint` returns the state_dict (torch names -> numpy arrays) of a bare
+state_dict file or of a checkpoint dict holding one (GMMFormer's and AMDNet's `best.ckpt`
+under `state_dict`, MS-SL's `model.ckpt` under `model`, beside its EasyDict `model_cfg`).
+With torch installed it uses `torch.load(..., weights_only=True)`; without torch
+`read_torch_zip`, a restricted reader of the torch zip format, builds numpy arrays from the
+storage records. Neither executes code from the file: the only globals admitted are the
+tensor-rebuild functions, storage types and `OrderedDict`, plus the official BertAdam
+schedule classes (in `optimizer.param_groups`) and MS-SL's `easydict.EasyDict` config, which
+are replaced by inert placeholders. Every header is checked against the file before anything
+is read or allocated.
+
+This module sits on the package's lowest floor (it imports only `prvr_jax.files`): the
+official-name mapping (`prvr_jax.convert`) and the CLIP weights (`prvr_jax.clip.weights`)
+both read torch files through it.
+"""
+
+import collections
+import dataclasses
+import io
+import math
+import os
+import pickle
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from prvr_jax.files import short
+
+# Storage class name -> numpy dtype (bfloat16 is widened to float32 by `_storage_array`).
+_STORAGE_DTYPES = {
+    'FloatStorage': np.float32, 'DoubleStorage': np.float64, 'HalfStorage': np.float16,
+    'BFloat16Storage': 'bfloat16', 'LongStorage': np.int64, 'IntStorage': np.int32,
+    'ShortStorage': np.int16, 'CharStorage': np.int8, 'ByteStorage': np.uint8,
+    'BoolStorage': np.bool_,
+}
+# The official optimizer state holds one of these schedule objects per param group.
+_OFFICIAL_SCHEDULES = ('ConstantLR', 'WarmupCosineSchedule', 'WarmupCosineWithHardRestartsSchedule',
+                       'WarmupCosineWithWarmupRestartsSchedule', 'WarmupConstantSchedule',
+                       'WarmupLinearSchedule')
+_OFFICIAL_SCHEDULE_MODULE = 'Opts.optimization'
+# MS-SL's checkpoint stores its config as an EasyDict (a dict subclass).
+_OFFICIAL_CONFIG_CLASS = ('easydict', 'EasyDict')
+
+
+class OfficialObject:
+  """Inert stand-in for a non-tensor object of the official code (e.g. its LR schedule).
+
+  Accepts any constructor arguments and keeps the pickled state as attributes; it has no
+  behaviour, so loading it runs no code from the checkpoint.
+  """
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+
+  def __setstate__(self, state):
+    if isinstance(state, dict):
+      self.__dict__.update(state)
+
+
+# Inert stand-ins: the schedules become `OfficialObject`s, MS-SL's EasyDict an `OrderedDict`
+# (the one dict type whose items and attribute state both readers, ours and torch's
+# weights-only unpickler, restore without running code).
+_OFFICIAL_GLOBALS = {
+    **{(_OFFICIAL_SCHEDULE_MODULE, name): OfficialObject for name in _OFFICIAL_SCHEDULES},
+    _OFFICIAL_CONFIG_CLASS: collections.OrderedDict,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _StorageType:
+  name: str
+
+
+# Bounds checked before anything is read or allocated. The pickle of a state_dict (names and
+# tensor headers) is a few hundred KB; tensor data must be exactly what the headers declare.
+MAX_PICKLE_BYTES = 64 << 20
+MAX_SMALL_RECORD_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class _StorageStub:
+  """A storage's element count and dtype, for the validation pass (no data read)."""
+  size: int
+  dtype: np.dtype
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False,
+                    backward_hooks=None, metadata=None):
+  """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view (None for a
+  `_StorageStub`). A tensor must address only elements of its storage and hold no more
+  elements than it has (no zero or overlapping strides), so copying it costs no more memory
+  than the file's own data."""
+  del requires_grad, backward_hooks, metadata
+  size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+  if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
+    raise pickle.UnpicklingError(f'bad tensor record: size {size}, stride {stride}, '
+                                 f'offset {storage_offset}')
+  numel = math.prod(size)
+  if numel > storage.size:
+    raise pickle.UnpicklingError(f'a tensor of size {size} (stride {stride}) declares {numel} '
+                                 f'elements but its storage holds {storage.size}')
+  if numel and storage_offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size:
+    raise pickle.UnpicklingError(f'tensor of size {size} / stride {stride} at offset '
+                                 f'{storage_offset} overruns its storage of {storage.size}')
+  if isinstance(storage, _StorageStub):
+    return None
+  if not numel:
+    return np.zeros(size, storage.dtype)
+  itemsize = storage.dtype.itemsize
+  view = np.lib.stride_tricks.as_strided(storage[storage_offset:], size,
+                                         tuple(s * itemsize for s in stride), writeable=False)
+  return np.array(view)
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None):
+  del requires_grad, backward_hooks
+  return data
+
+
+_TORCH_GLOBALS = {
+    ('collections', 'OrderedDict'): collections.OrderedDict,
+    ('torch._utils', '_rebuild_tensor_v2'): _rebuild_tensor,
+    ('torch._utils', '_rebuild_parameter'): _rebuild_parameter,
+    **{('torch', name): _StorageType(name) for name in _STORAGE_DTYPES},
+    **_OFFICIAL_GLOBALS,
+}
+
+
+def _record(archive: zipfile.ZipFile, name: str, limit: int, path: str,
+            exact: bool = False) -> zipfile.ZipInfo:
+  """Record `name`, refused (before inflating anything) when its declared size exceeds
+  `limit` (differs from it with `exact`)."""
+  try:
+    info = archive.getinfo(name)
+  except KeyError:
+    raise pickle.UnpicklingError(f'{path}: missing record {name}') from None
+  if info.file_size > limit or (exact and info.file_size != limit):
+    expected = f'{limit} bytes' if exact else f'at most {limit} bytes'
+    raise pickle.UnpicklingError(
+        f'{path}: record {name} declares {info.file_size} bytes, expected {expected} from its '
+        'header; the file is not a well-formed torch checkpoint (refused before reading it)')
+  return info
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+  """Unpickles `data.pkl` of a torch zip checkpoint, admitting only `_TORCH_GLOBALS`.
+
+  With `materialize=False` storages are not read: every tensor header is checked against
+  its storage record's declared size, and tensors come back as None.
+  """
+
+  def __init__(self, data: bytes, archive: zipfile.ZipFile, prefix: str, byteorder: str,
+               path: str, materialize: bool):
+    super().__init__(io.BytesIO(data))
+    self._archive, self._prefix, self._byteorder, self._path = archive, prefix, byteorder, path
+    self._materialize = materialize
+    self._storages: dict[str, np.ndarray | _StorageStub] = {}
+
+  def find_class(self, module: str, name: str) -> Any:
+    try:
+      return _TORCH_GLOBALS[(module, name)]
+    except KeyError:
+      raise pickle.UnpicklingError(
+          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: prvr_jax reads '
+          'only tensors, storages and plain containers (a state_dict, or the official '
+          "checkpoint's dict with one), and never runs code from a checkpoint") from None
+
+  def persistent_load(self, pid: Any) -> np.ndarray | _StorageStub:
+    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
+            and isinstance(pid[1], _StorageType) and isinstance(pid[4], int) and pid[4] >= 0):
+      raise pickle.UnpicklingError(f'{self._path}: unexpected persistent id {short(pid)}')
+    _, storage_type, key, _, numel = pid  # the location (e.g. 'cuda:0') is irrelevant here
+    key = str(key)
+    if key not in self._storages:
+      self._storages[key] = self._storage(storage_type.name, key, numel)
+    return self._storages[key]
+
+  def _storage(self, type_name: str, key: str, numel: int) -> np.ndarray | _StorageStub:
+    dtype = _STORAGE_DTYPES[type_name]
+    record_dtype = np.dtype('uint16' if dtype == 'bfloat16' else dtype)
+    info = _record(self._archive, f'{self._prefix}data/{key}', numel * record_dtype.itemsize,
+                   self._path, exact=True)
+    if not self._materialize:
+      return _StorageStub(numel, np.dtype(np.float32 if dtype == 'bfloat16' else dtype))
+    array = np.frombuffer(self._archive.read(info),
+                          dtype=record_dtype.newbyteorder(self._byteorder))
+    if dtype == 'bfloat16':
+      array = (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(array.dtype.newbyteorder('='))
+
+
+def read_torch_zip(path: str, materialize: bool = True) -> Any:
+  """The object saved by `torch.save` at `path`, read without torch; tensors become numpy.
+
+  Nothing is inflated or allocated beyond what the file's headers declare, and those are
+  checked first: the pickle is at most `MAX_PICKLE_BYTES`, every storage record holds exactly
+  its declared elements, every tensor lies inside its storage. `materialize=False` only
+  checks (tensors come back as None).
+
+  Raises `pickle.UnpicklingError` (naming the file) for anything but tensors, storages and
+  plain containers or for malformed records, `ValueError` for files that are not torch zip
+  checkpoints.
+  """
+  if not zipfile.is_zipfile(path):
+    raise ValueError(f'{path} is not a torch zip checkpoint (torch >= 1.6 format); '
+                     'legacy torch files are not supported')
+  with zipfile.ZipFile(path) as archive:
+    pickles = [n for n in archive.namelist() if n.endswith('data.pkl') and n.count('/') <= 1]
+    if len(pickles) != 1:
+      raise ValueError(f'{path}: expected one data.pkl record in the torch zip, found '
+                       f'{short(pickles)}')
+    prefix = pickles[0][:-len('data.pkl')]
+    byteorder = 'little'
+    if prefix + 'byteorder' in set(archive.namelist()):
+      byteorder = archive.read(_record(archive, prefix + 'byteorder', MAX_SMALL_RECORD_BYTES,
+                                       path)).decode(errors='replace').strip()
+    if byteorder not in ('little', 'big'):
+      raise ValueError(f'{path}: unknown byteorder {short(byteorder)}')
+    byteorder = '<' if byteorder == 'little' else '>'
+    data = archive.read(_record(archive, pickles[0], MAX_PICKLE_BYTES, path))
+    return _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize).load()
+
+
+def _torch_load(path: str) -> Any:
+  """`torch.load(weights_only=True)` that also admits the official schedule and config classes
+  as inert placeholders; tensors become numpy. The file first passes `read_torch_zip`'s checks,
+  so torch never reads a record larger than declared or builds a tensor beyond its storage."""
+  import torch  # pylint: disable=g-import-not-at-top
+  read_torch_zip(path, materialize=False)
+  placeholders = [(cls, f'{module}.{name}') for (module, name), cls in _OFFICIAL_GLOBALS.items()]
+  with torch.serialization.safe_globals(placeholders):
+    obj = torch.load(path, map_location='cpu', weights_only=True)
+
+  def to_numpy(x):
+    if isinstance(x, torch.Tensor):
+      x = x.detach()
+      return (x.float() if x.dtype == torch.bfloat16 else x).numpy().copy()
+    if isinstance(x, dict):
+      return type(x)((k, to_numpy(v)) for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+      return type(x)(to_numpy(v) for v in x)
+    return x
+  return to_numpy(obj)
+
+
+def torch_available() -> bool:
+  """Whether torch is importable and has `torch.serialization.safe_globals` (what
+  `load_torch_checkpoint` needs to read with torch)."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return hasattr(torch.serialization, 'safe_globals')
+
+
+# Where the official checkpoints keep the state_dict: GMMFormer / AMDNet `save_ckpt`, MS-SL.
+_STATE_DICT_ENTRIES = ('state_dict', 'model')
+
+
+def load_torch_checkpoint(path: str, use_torch: bool | None = None) -> dict[str, np.ndarray]:
+  """The state_dict (torch names -> numpy arrays) of an official checkpoint or state_dict file.
+
+  Args:
+    path: an official checkpoint (a dict with the state_dict under 'state_dict' or 'model')
+      or a state_dict written by `torch.save`.
+    use_torch: read with torch (True), with the torch-free reader (False), or torch when it
+      is importable (None).
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path} does not exist (or is not a file)')
+  if use_torch is None:
+    use_torch = torch_available()
+  obj = _torch_load(path) if use_torch else read_torch_zip(path)
+  for entry in _STATE_DICT_ENTRIES:
+    if isinstance(obj, dict) and isinstance(obj.get(entry), dict):
+      obj = obj[entry]
+      break
+  if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
+    raise ValueError(f'{path} holds neither a state_dict nor a dict with one under '
+                     f'{" or ".join(repr(e) for e in _STATE_DICT_ENTRIES)}')
+  return {str(k): v for k, v in obj.items()}
+
+
+
+
+def strip_module_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
+  """`state_dict` without the 'module.' prefix that checkpoints saved from a
+  `nn.DataParallel` / `DistributedDataParallel` model put on every name (unchanged when any
+  name lacks it)."""
+  if state_dict and all(k.startswith('module.') for k in state_dict):
+    return {k[len('module.'):]: v for k, v in state_dict.items()}
+  return state_dict
