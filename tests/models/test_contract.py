@@ -19,6 +19,8 @@ from prvr_jax.models import registry
 from prvr_jax.models.spec import LossContext, match_paths, path_of
 import support
 
+pytestmark = pytest.mark.slow  # every model's train step, loss and gradients compile here
+
 FRAME_LENGTHS = (128, 70, 5, 33)
 QUERY_LENGTHS = (30, 7, 3, 12, 25, 9, 18, 4)  # two queries per video
 

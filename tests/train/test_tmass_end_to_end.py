@@ -46,6 +46,7 @@ def _dataset(root):
   return str(anno), str(frames), str(vocab)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore::DeprecationWarning')
 def test_training_on_frames_fine_tunes_clip_and_evaluates(tmp_path):
   annotations, frames, vocab = _dataset(tmp_path)

@@ -62,8 +62,8 @@ def test_outputs(reference_run, tiny_data):
           'test/r1'} <= tags
 
 
-def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cache):
-  out = reference_run / 'eval_out'
+def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cache, tmp_path):
+  out = tmp_path / 'eval_out'  # the reference run is shared: read only
   plots = ['--plots'] if support.HAS_MATPLOTLIB else []
   run_cli('evaluate.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
           f'--checkpoint={reference_run}', f'--output_dir={out}', *plots, cache_dir=xla_cache)
