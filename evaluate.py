@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from prvr_jax import launch
+from prvr_jax import runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant] describing the model and the data.', lock_config=True)
@@ -39,13 +39,13 @@ _PLOTS = flags.DEFINE_bool(
     'group, a query x video score heatmap, per-clip relevance against the annotated moment '
     '(models with explicit moments), the training curves of a workdir (docs/plots.md; needs '
     "matplotlib: pip install 'prvr_jax[plots]'). With --checkpoint only.")
-launch.define_flags()
+runtime.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  launch.start_from_flags()
+  runtime.start()
   from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from prvr_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_library_logs()
@@ -64,4 +64,4 @@ def main(argv: list[str]) -> None:
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
   flags.mark_flags_as_mutual_exclusive(['checkpoint', 'index'], required=True)
-  launch.run(main)
+  runtime.run(main)

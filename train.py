@@ -15,7 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from prvr_jax import launch
+from prvr_jax import runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file[:variant], e.g. configs/gmmformer_v2.py:tvr.', lock_config=True)
@@ -25,13 +25,13 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     'allow_config_change', False, 'Resume a workdir with changed settings (lr, loss weights, '
     'epochs, ...; recorded in config_history.jsonl). Changes to the model or the data stream '
     'are never accepted.')
-launch.define_flags()
+runtime.define_flags()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  launch.start_from_flags()
+  runtime.start()
   # Imported after jax.distributed is up (importing the library touches no backend, but
   # keep the order obvious).
   from prvr_jax import checkpoint, train  # pylint: disable=g-import-not-at-top
@@ -45,4 +45,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  launch.run(main)
+  runtime.run(main)

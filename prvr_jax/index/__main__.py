@@ -26,7 +26,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from prvr_jax import launch
+from prvr_jax import runtime
 
 COMMANDS = ('build', 'search', 'candidates', 'info')
 
@@ -58,7 +58,7 @@ _NUM_CANDIDATES = flags.DEFINE_integer(
     'num_candidates', 200, 'search: two-stage candidates per query (docs/two_stage.md: recall '
     'against speed).')
 _VERIFY = flags.DEFINE_bool('verify', False, 'info / search: check every file\'s sha256.')
-launch.define_flags()
+runtime.define_flags()
 
 
 def _require(**values) -> None:
@@ -130,9 +130,9 @@ def main(argv: list[str]) -> None:
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise app.UsageError(f'Usage: python -m prvr_jax.index {{{",".join(COMMANDS)}}} --flags '
                          f'(got {argv[1:]}).')
-  launch.start_from_flags()
+  runtime.start()
   {'build': _build, 'search': _search, 'candidates': _candidates, 'info': _info}[argv[1]]()
 
 
 if __name__ == '__main__':
-  launch.run(main)
+  runtime.run(main)
