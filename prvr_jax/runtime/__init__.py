@@ -19,10 +19,13 @@ Used as::
 """
 
 from collections.abc import Callable
+import logging as pylogging
+import os
 import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 
 from prvr_jax import config_lib
@@ -45,8 +48,9 @@ def define_flags() -> None:
 
 def start(compilation_cache_dir: str | None = None) -> str | None:
   """XLA's default flags (`xla`), `jax.distributed` where the flags of `define_flags` ask for
-  it, the persistent compilation cache, and the heap trim after every compile (`host_memory`),
-  in that order; call before anything touches a device.
+  it, the persistent compilation cache, the heap trim after every compile (`host_memory`) and
+  the absl log without Orbax's INFO chatter, in that order; call before anything touches a
+  device.
 
   `compilation_cache_dir`: the cache's folder ('' turns it off); None: `--compilation_cache_dir`
   where `define_flags` defined it, else the default of `compilation_cache.enable`. A program
@@ -62,13 +66,48 @@ def start(compilation_cache_dir: str | None = None) -> str | None:
                        and jax.default_backend() == 'cpu')
   folder = compilation_cache.enable(compilation_cache_dir, multi_process_cpu)
   host_memory.trim_after_compiles()
+  quiet_library_logs()
   return folder
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """`app.run(main)`, first restarting the process with huge-page malloc where that helps
-  (`host_memory.restart_with_huge_page_malloc`) and refusing `--config.x` overrides that name
-  no key (`config_lib.check_override_flags`)."""
-  host_memory.restart_with_huge_page_malloc()
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)
+def quiet_library_logs() -> None:
+  """Hides the INFO chatter of Orbax from the absl log (warnings and errors stay)."""
+  class _Filter(pylogging.Filter):
+    def filter(self, record: pylogging.LogRecord) -> bool:
+      return record.levelno >= pylogging.WARNING or f'{os.sep}orbax{os.sep}' not in record.pathname
+  logging.get_absl_handler().addFilter(_Filter())
+
+
+def run(main: Callable[[list[str]], None], huge_pages: bool = True,
+        positional: bool = False) -> None:
+  """`app.run(main)` for a command-line program: first restarting the process with huge-page
+  malloc where that helps (`host_memory.restart_with_huge_page_malloc`; not with
+  `huge_pages=False`, for a program that runs no step), resolving `--config=NAME[:variant]` to
+  a shipped model config and refusing `--config.x` overrides that name no key
+  (`config_lib.resolve_config_flag`). Positional arguments are refused unless `positional`
+  (`main` reads a command from them). `--help` shows the flags and docstring of `main`'s module
+  whatever started it (`prvr-<name>`, `python -m`, a checkout's train.py)."""
+  if huge_pages:
+    host_memory.restart_with_huge_page_malloc()
+  sys.argv[:] = config_lib.resolve_config_flag(sys.argv)
+  _help_from(main.__module__)
+
+  def checked_main(argv: list[str]) -> None:
+    if len(argv) > 1 and not positional:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    main(argv)
+
+  app.run(checked_main)
+
+
+def _help_from(module_name: str) -> None:
+  """Makes the flags `module_name` defined key flags of the program's main module (what absl's
+  `--help` lists), and its docstring the usage text where the main module has none (a console
+  script)."""
+  program = sys.modules['__main__']
+  if module_name == program.__name__:
+    return
+  for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  if not program.__doc__:
+    program.__doc__ = sys.modules[module_name].__doc__
