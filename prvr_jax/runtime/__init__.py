@@ -9,13 +9,14 @@ Four concerns, one module each, started together:
 
 Used as::
 
-  runtime.define_flags()            # at import: the multi-host and compilation-cache flags
-
-  def main(argv):
+  def _main(argv):
     runtime.start()                 # before any device is used
     ...
 
-  runtime.run(main)                 # in the program's entry point
+  def main():                       # the program's entry point (a console script)
+    ...                             # the program's own flags
+    runtime.define_flags()          # the multi-host and compilation-cache flags
+    runtime.run(_main)
 """
 
 from collections.abc import Callable
