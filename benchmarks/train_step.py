@@ -39,9 +39,9 @@ machine's slow minutes fall on both sides alike: the table gives the median of t
 medians, the speed-up of those medians with the range of the rounds' own speed-ups, and the
 highest peak memory of any round.
 
-Ours runs with glibc's huge-page malloc where train.py would (`host_memory`), the official
-step as its own scripts run it; `--huge_pages=both` gives the official step the same setting.
-`--ours_malloc=PATH` preloads another malloc (tcmalloc) into our worker alone.
+Ours runs with glibc's huge-page malloc where train.py would (`runtime.host_memory`), the
+official step as its own scripts run it; `--huge_pages=both` gives the official step the same
+setting. `--ours_malloc=PATH` preloads another malloc (tcmalloc) into our worker alone.
 
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
@@ -53,7 +53,7 @@ writes every number to `--output`, after every run.
 On a GPU both sides run there (the official code moves its model and batch with `.cuda()`);
 peak memory is then the device allocator's (JAX's `peak_bytes_in_use`, torch's
 `max_memory_allocated`), on CPUs the process's peak RSS. Ours runs with the XLA flags train.py
-sets by default (`xla_defaults`).
+sets by default (`runtime.xla`).
 """
 
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,7 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import compilation_cache, host_memory, models, parallel, train, xla_defaults
+from prvr_jax import models, parallel, runtime, train
+from prvr_jax.runtime import host_memory, xla
 
 from common import (ROOT, core_sets, load_config, machine,  # benchmarks/common.py
                     matmul_peak_gflops, usable_cores)
@@ -107,8 +108,8 @@ _CORES_PER_POINT = flags.DEFINE_integer(
     'core.', lower_bound=0)
 _CACHE = flags.DEFINE_string(
     'compilation_cache_dir', None, 'Ours with JAX\'s persistent compilation cache in this '
-    'folder, as train.py runs by default (`compilation_cache`): run twice, the second run '
-    'measures a later run of the same job, which loads its step instead of compiling it. '
+    'folder, as train.py runs by default (`runtime.compilation_cache`): run twice, the second '
+    'run measures a later run of the same job, which loads its step instead of compiling it. '
     'Default: no cache, every run compiles.')
 _OFFICIAL = flags.DEFINE_string('official', None, 'Checkout of the official code, or a folder '
                                 'of checkouts named as the repos; without it ours runs alone.')
@@ -179,9 +180,6 @@ def malloc_settings() -> dict[str, str]:
 
 
 def run_ours(name: str, num_videos: int) -> dict[str, Any]:
-  host_memory.trim_after_compiles()  # as train.py does
-  if _CACHE.value:
-    compilation_cache.enable(_CACHE.value)
   config = load_config(name, _SET.value)
   mesh = parallel.make_mesh()
   spec = models.get_spec(config.model)
@@ -212,7 +210,7 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
     result['profile'] = step_profile.breakdown(compiled, run)
   result['peak_rss_mb'] = peak_rss_mb()
   result['peak_device_mb'] = peak_device_mb()
-  result['xla_flags'] = os.environ.get(xla_defaults.ENV, '')
+  result['xla_flags'] = os.environ.get(xla.ENV, '')
   return {**result, **malloc_settings()}
 
 
@@ -391,7 +389,8 @@ def write_report(report: Mapping[str, Any]) -> None:
 
 def main(argv):
   del argv
-  xla_defaults.apply()  # as train.py does, before any device is used
+  # As train.py starts, before any device is used; the cache for our worker alone.
+  runtime.start(compilation_cache_dir=_CACHE.value if _WORKER.value == 'ours' else '')
   if _WORKER.value:
     if _CPUS.value:  # before JAX or torch size their thread pools by it
       os.sched_setaffinity(0, [int(cpu) for cpu in _CPUS.value])

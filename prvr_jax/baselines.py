@@ -8,8 +8,8 @@ split, and ranks videos by cosine similarity.
 It sees the whole video at once, so it is weak exactly where PRVR is hard: short
 moments in long videos.
 
-  python -m prvr_jax.baselines --shards=DIR            # a shard folder
-  python -m prvr_jax.baselines --synthetic=default     # the synthetic benchmark
+  prvr-baselines --shards=DIR            # a shard folder (prvr_jax.tools.baselines)
+  prvr-baselines --synthetic=default     # the synthetic benchmark
 """
 
 from collections.abc import Sequence
@@ -126,27 +126,3 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
-
-def _main(argv: Sequence[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  fl = flags.FLAGS
-  if bool(fl.shards) == bool(fl.synthetic):
-    raise flags.ValidationError('pass exactly one of --shards and --synthetic')
-  path = fl.shards
-  if fl.synthetic:
-    from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
-    path = synthetic.ensure(fl.synthetic, fl.synthetic_dir, seed=fl.seed)
-  results = evaluate(pipeline.open_shards(path), fl.split)
-  print(f'{path} [{fl.split}]  (mean-pooled ridge l2={results["mean_pooled"]["ridge_l2"]:g})')
-  print(format_table(results))
-
-
-if __name__ == '__main__':
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flags.DEFINE_string('shards', None, 'shard folder')
-  flags.DEFINE_string('synthetic', None, 'synthetic benchmark size (generated if needed)')
-  flags.DEFINE_string('synthetic_dir', '/tmp/prvr_jax_synthetic', 'where to generate it')
-  flags.DEFINE_integer('seed', 0, 'synthetic benchmark seed')
-  flags.DEFINE_string('split', 'test', 'split to evaluate')
-  app.run(_main)

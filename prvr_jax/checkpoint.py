@@ -18,7 +18,6 @@ checkpoint holds the configured model.
 from collections.abc import Callable, Mapping
 import hashlib
 import json
-import logging as pylogging
 import os
 from typing import Any
 
@@ -386,11 +385,3 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
   check_finite(params, step_dir)
   return params, {'source': 'prvr_jax', 'path': step_dir, 'workdir': workdir, 'step': step,
                   'data': meta.get('data')}
-
-
-def quiet_library_logs() -> None:
-  """Hides the INFO chatter of Orbax from the absl log (warnings and errors stay)."""
-  class _Filter(pylogging.Filter):
-    def filter(self, record: pylogging.LogRecord) -> bool:
-      return record.levelno >= pylogging.WARNING or f'{os.sep}orbax{os.sep}' not in record.pathname
-  logging.get_absl_handler().addFilter(_Filter())

@@ -363,3 +363,50 @@ def check_override_flags(argv: Sequence[str], flag: str = 'config') -> None:
             f'; the config has: {", ".join(sorted({k.split(".")[0] for k in known}))}')
         raise SystemExit(f'Unknown config key --{flag}.{key} (no field {key!r} in '
                          f'{path}){hint}')
+
+
+def shipped_config_dir() -> str | None:
+  """The folder of the model configs that come with the package: `prvr_jax/configs` in an
+  installed wheel, `configs/` beside `prvr_jax/` in a checkout; None when neither exists."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  for folder in (os.path.join(package, 'configs'),
+                 os.path.join(os.path.dirname(package), 'configs')):
+    if os.path.isdir(folder):
+      return folder
+  return None
+
+
+def shipped_configs() -> dict[str, str]:
+  """{model name: path} of the shipped model configs (`shipped_config_dir`)."""
+  folder = shipped_config_dir()
+  if folder is None:
+    return {}
+  return {name[:-3]: os.path.join(folder, name) for name in sorted(os.listdir(folder))
+          if name.endswith('.py') and not name.startswith('_')}
+
+
+def resolve_config_flag(argv: Sequence[str], flag: str = 'config') -> list[str]:
+  """`argv` with `--config=NAME[:variant]` (or `--config NAME[:variant]`) that names no file
+  but a shipped model config (`shipped_configs`, e.g. `gmmformer_v2:tvr`) given as that file's
+  path, so that a user without a clone runs the configs of the wheel; then
+  `check_override_flags`. A file path is kept as it is; a bare name that is neither a file nor
+  a shipped config is refused, naming the flag and the shipped names. Call before
+  `absl.app.run` parses the flags: `sys.argv[:] = config_lib.resolve_config_flag(sys.argv)`."""
+  resolved = list(argv)
+  for i, item in enumerate(argv):
+    if item.startswith(f'--{flag}='):
+      at, prefix, value = i, f'--{flag}=', item.split('=', 1)[1]
+    elif item == f'--{flag}' and i + 1 < len(argv):
+      at, prefix, value = i + 1, '', argv[i + 1]
+    else:
+      continue
+    name, colon, variant = value.partition(':')
+    if os.path.isfile(name) or os.sep in name or name.endswith('.py'):
+      continue
+    shipped = shipped_configs()
+    if name not in shipped:
+      raise SystemExit(f'--{flag}={value}: no config file {name}, and no shipped model config '
+                       f'of that name (shipped: {", ".join(shipped) or "none"}).')
+    resolved[at] = prefix + shipped[name] + colon + variant
+  check_override_flags(resolved, flag)
+  return resolved

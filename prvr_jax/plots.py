@@ -452,3 +452,24 @@ def write_evaluation_plots(config: Any, params: Any, data: EvalSplit, result: Ev
         title=f'{config.model.name}: relevance of a query over its video')
   logging.info('Plots: %s', ', '.join(written.values()))
   return written
+
+
+def write_plots(config: Any, params: Any, shards: Any, split: str, data: EvalSplit,
+                result: EvalResult, output_dir: str, workdir: str | None = None
+                ) -> dict[str, str]:
+  """The pictures of an evaluation into `output_dir` (`write_evaluation_plots`, with the
+  annotated moments of `split` where `shards` have them) and, when `workdir` has a metrics
+  file, its training curves. Call on every process; returns {picture name: path} (process 0).
+
+  Args:
+    config, params: the model evaluated.
+    shards: the run's data (`prvr_jax.data.protocol.RunData`).
+    split: 'val' / 'test'; data, result: the split evaluated and its `EvalResult`.
+    output_dir: where the PNG files go.
+    workdir: a train.py workdir, or None.
+  """
+  moments = shards.moments(split)
+  written = write_evaluation_plots(config, params, data, result, output_dir, **moments)
+  if workdir and os.path.isfile(os.path.join(workdir, METRICS_FILE)):
+    written.update(write_training_plots(workdir, output_dir))
+  return written

@@ -1,6 +1,7 @@
-r"""Parameter tables: one function for `python -m prvr_jax.summary` and the training log.
+r"""Parameter tables: one function for `prvr-summary` (`prvr_jax.tools.summary`) and the
+training log.
 
-  python -m prvr_jax.summary --config=configs/gmmformer_v2.py:tvr
+  prvr-summary --config=gmmformer_v2:tvr
 
 computes the parameters with `jax.eval_shape` (nothing is allocated) and prints clu's parameter
 table (`clu.parameter_overview.make_table`, the table of `log_parameter_overview`: name, shape,
@@ -9,14 +10,10 @@ dtype and size of each parameter), their bytes, and ends with `total parameters:
 
 import dataclasses
 import math
-import sys
 from typing import Any
 
-from absl import app
-from absl import flags
 from clu import parameter_overview
 import jax
-from ml_collections import config_flags
 
 from prvr_jax import config_lib
 from prvr_jax.models import registry
@@ -59,16 +56,8 @@ def format_table(params: Any, depth: int | None = None) -> str:
           f'total parameters: {sum(row.size for row in rows)}')
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  config_lib.validate(flags.FLAGS.config)
-  config_model = flags.FLAGS.config.model
-  print(format_table(registry.get_spec(config_model).param_shapes(config_model)))
-
-
-if __name__ == '__main__':
-  config_flags.DEFINE_config_file('config', None, 'Model config file[:variant].',
-                                  lock_config=True)
-  flags.mark_flag_as_required('config')
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)
+def config_table(config: Any) -> str:
+  """`format_table` of the parameters of `config.model` (the run config, validated first),
+  computed with `jax.eval_shape`."""
+  config_lib.validate(config)
+  return format_table(registry.get_spec(config.model).param_shapes(config.model))

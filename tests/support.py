@@ -151,7 +151,7 @@ def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
   """The environment of a CLI subprocess: `devices` CPU devices, the repo on the path, a
   persistent compilation cache at `cache_dir` (None: none), and the huge-page malloc setting
   that the CLI would otherwise restart itself to get (so it imports jax once, not twice)."""
-  from prvr_jax import host_memory  # pylint: disable=g-import-not-at-top
+  from prvr_jax.runtime import host_memory  # pylint: disable=g-import-not-at-top
   env = subprocess_env()
   env = host_memory.huge_page_environ(env) or env
   # LLVM -O0 compiles about a third faster; every run compared in a test uses it.

@@ -77,3 +77,35 @@ def test_cli_refuses_an_unknown_key_before_doing_anything(tmp_path):
   assert proc.returncode != 0
   assert 'Unknown config key --config.optim.learning_rate' in proc.stderr
   assert 'Traceback' not in proc.stderr and not (tmp_path / 'w').exists()
+
+
+def test_a_model_name_resolves_to_the_shipped_config():
+  shipped = config_lib.shipped_configs()
+  assert {'gmmformer', 'gmmformer_v2', 'ms_sl', 'amdnet', 'protoprvr', 'tmass'} <= set(shipped)
+  assert shipped['gmmformer'] == str(support.REPO / 'configs' / 'gmmformer.py')
+  argv = ['train.py', '--config=gmmformer:tiny', '--config.train.batch_size=3', '--x=1']
+  assert config_lib.resolve_config_flag(argv) == [
+      'train.py', f'--config={shipped["gmmformer"]}:tiny', '--config.train.batch_size=3',
+      '--x=1']
+  assert config_lib.resolve_config_flag(['p', '--config', 'ms_sl']) == [
+      'p', '--config', shipped['ms_sl']]
+  as_path = ['train.py', '--config=configs/gmmformer.py:tiny']
+  assert config_lib.resolve_config_flag(as_path) == as_path  # a file path is kept
+  with pytest.raises(SystemExit, match=r'--config=gmmformr:tiny: no config file gmmformr, and '
+                     r'no shipped model config of that name \(shipped: amdnet, gmmformer, '):
+    config_lib.resolve_config_flag(['train.py', '--config=gmmformr:tiny'])
+  with pytest.raises(SystemExit, match=r'Unknown config key --config.train.bach_size'):
+    config_lib.resolve_config_flag(['p', '--config=gmmformer', '--config.train.bach_size=3'])
+
+
+def test_an_installed_wheel_ships_its_configs_inside_the_package(tmp_path, monkeypatch):
+  """In a wheel the configs are `prvr_jax/configs/` (setup.py), which wins over a checkout's."""
+  package = tmp_path / 'prvr_jax'
+  (package / 'configs').mkdir(parents=True)
+  (package / 'configs' / '__init__.py').write_text('')
+  (package / 'configs' / 'gmmformer_v2.py').write_text('')
+  (tmp_path / 'configs').mkdir()
+  (tmp_path / 'configs' / 'other.py').write_text('')
+  monkeypatch.setattr(config_lib, '__file__', str(package / 'config_lib.py'))
+  assert config_lib.shipped_configs() == {
+      'gmmformer_v2': str(package / 'configs' / 'gmmformer_v2.py')}

@@ -70,10 +70,15 @@ def test_no_import_cycle():
   graph = import_graph()
   assert 'prvr_jax.eval.evaluator' in graph and 'prvr_jax.train.loop' in graph
   assert find_cycle(graph) is None, ' -> '.join(find_cycle(graph))
-  # Evaluation and the checkpoint module sit below training.
+  # Evaluation and the checkpoint module sit below training, evaluation below its pictures
+  # (`plots`); the command-line tools sit on top, imported by no library module.
   for name, deps in graph.items():
     if name.startswith(('prvr_jax.eval', 'prvr_jax.checkpoint')):
       assert not any(d.startswith('prvr_jax.train') for d in deps), (name, deps)
+    if name.startswith('prvr_jax.eval'):
+      assert 'prvr_jax.plots' not in deps, (name, deps)
+    if not name.startswith('prvr_jax.tools'):
+      assert not any(d.startswith('prvr_jax.tools') for d in deps), (name, deps)
 
 
 # TFDS keeps one process-wide registry of builder classes, which re-importing

@@ -1,7 +1,7 @@
 r"""A config over several seeds: one train.py run per seed, then mean ± std of every metric.
 
-  python -m prvr_jax.experiments.seeds --config=configs/ms_sl.py --seeds=3 \
-      --workdir=/tmp/ms_sl_seeds [--config.x=y ...] [--parallel=N]
+  prvr-seeds --config=ms_sl --seeds=3 --workdir=/tmp/ms_sl_seeds [--config.x=y ...] \
+      [--parallel=N]
 
 The seeds are `config.train.seed`, +1, ..., +N-1 (`--config.train.seed=S` sets the first);
 seed s trains in `<workdir>/seed_<s>` (its output in `<workdir>/seed_<s>.log`), as a train.py
@@ -27,7 +27,6 @@ import sys
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
@@ -45,6 +44,8 @@ METRICS_FILE = 'metrics.jsonl'
 JSON_FILE = 'seeds.json'
 MARKDOWN_FILE = 'seeds.md'
 LOCK_FILE = '.seeds.lock'
+# What trains each seed unless a train script is given: the `prvr-train` command.
+TRAIN_MODULE = 'prvr_jax.tools.train'
 STD_NOTE = 'sample standard deviation over seeds (ddof=1)'
 SPLIT_TITLES = {'val': 'val: the selected checkpoint (best val SumR) of each seed',
                 'test': 'test: the selected checkpoint, evaluated once at the end'}
@@ -91,10 +92,12 @@ def override_tokens(argv: Sequence[str]) -> list[str]:
   return tokens
 
 
-def child_argv(train_script: str, config_arg: str, overrides: Sequence[str], seed: int,
+def child_argv(train_script: str | None, config_arg: str, overrides: Sequence[str], seed: int,
                workdir: str) -> list[str]:
-  """The train.py command of one seed: the overrides but the seed's own `train.seed`."""
-  argv = [sys.executable, train_script, f'--config={config_arg}']
+  """The training command of one seed (`train_script`, or `TRAIN_MODULE` when None): the
+  overrides but the seed's own `train.seed`."""
+  program = [train_script] if train_script else ['-m', TRAIN_MODULE]
+  argv = [sys.executable, *program, f'--config={config_arg}']
   rest = list(overrides)
   while rest:
     token = rest.pop(0)
@@ -105,12 +108,6 @@ def child_argv(train_script: str, config_arg: str, overrides: Sequence[str], see
     if not (match and match.group(2) == 'train.seed'):
       argv += group
   return argv + [f'--config.train.seed={seed}', f'--workdir={workdir}']
-
-
-def default_train_script() -> str:
-  """train.py of the source checkout the package is imported from."""
-  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(prvr_jax.__file__))),
-                      'train.py')
 
 
 # ----------------------------------------------------------------------------- results
@@ -252,6 +249,7 @@ def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir
   seeds in `workdir`, `parallel` train.py processes at a time, and writes seeds.json and
   seeds.md; returns what seeds.json holds (`aggregate`'s result, the config and overrides).
 
+  `train_script`: a train.py to run for each seed; None: `python -m TRAIN_MODULE`.
   `env` is the environment of the train.py processes (default os.environ); with
   `parallel` > 1 they do not preallocate accelerator memory unless `env` says otherwise.
   """
@@ -259,10 +257,8 @@ def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir
     raise ValueError(f'--seeds={num_seeds} must be at least 1.')
   if parallel < 1:
     raise ValueError(f'--parallel={parallel} must be at least 1.')
-  train_script = train_script or default_train_script()
-  if not os.path.isfile(train_script):
-    raise FileNotFoundError(f'{train_script} does not exist (train.py ships with the source '
-                            'checkout); pass --train_script=PATH/train.py.')
+  if train_script is not None and not os.path.isfile(train_script):
+    raise FileNotFoundError(f'--train_script={train_script} does not exist.')
   if os.path.exists(os.path.join(workdir, METRICS_FILE)):
     raise ValueError(f'--workdir={workdir} is a training run; the seeds need a folder of '
                      'their own.')
@@ -270,6 +266,9 @@ def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir
   first = int(config.train.seed)
   seeds = list(range(first, first + num_seeds))
   env = dict(os.environ if env is None else env)
+  if train_script is None:  # the children import the prvr_jax this process imported
+    root = os.path.dirname(os.path.dirname(os.path.abspath(prvr_jax.__file__)))
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
   if parallel > 1:
     env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   os.makedirs(workdir, exist_ok=True)
@@ -301,29 +300,3 @@ def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir
                   marker=JSON_FILE)
   return summary
 
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  args = flags.FLAGS
-  try:
-    run_seeds(config_flags.get_config_filename(args['config']), override_tokens(sys.argv),
-              args.seeds, args.workdir, args.parallel, args.train_script)
-  except (SeedRunError, ValueError, OSError, files.FolderBusyError) as e:
-    sys.exit(f'seeds: {e}')
-  with open(os.path.join(args.workdir, MARKDOWN_FILE), encoding='utf-8') as f:
-    print(f.read())
-
-
-if __name__ == '__main__':
-  config_flags.DEFINE_config_file('config', None, 'Config file[:variant], as for train.py.',
-                                  lock_config=True)
-  flags.DEFINE_integer('seeds', 3, 'Number of seeds: config.train.seed, +1, ...')
-  flags.DEFINE_string('workdir', None, 'seed_<s>/ of every seed, seeds.json and seeds.md go '
-                      'here; an existing one is resumed.')
-  flags.DEFINE_integer('parallel', 1, 'train.py processes at a time.')
-  flags.DEFINE_string('train_script', None, 'train.py to run (default: the one of the source '
-                      'checkout prvr_jax is imported from).')
-  flags.mark_flags_as_required(['config', 'workdir'])
-  config_lib.check_override_flags(sys.argv)
-  app.run(main)

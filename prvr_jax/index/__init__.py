@@ -4,7 +4,7 @@
   searcher = Searcher(open_index('/idx'))
   result = searcher.search({'query_feats': ..., 'query_mask': ...}, k=100)
 
-Command line: `python -m prvr_jax.index {build,search,info}` (docs/index.md).
+Command line: `prvr-index {build,search,info}` (docs/index.md).
 """
 
 from prvr_jax.index.build import build_from_checkpoint, build_index, evaluate_index

@@ -16,7 +16,7 @@ import numpy as np
 
 from prvr_jax import config_lib
 from prvr_jax import parallel
-from prvr_jax.eval import run
+from prvr_jax.eval import outputs
 from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
 from prvr_jax.eval.splits import EvalSplit
 from prvr_jax.files import short
@@ -86,7 +86,7 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
   it; the manifest records the checkpoint, its workdir and the data identities, so that
   `evaluate.py --index` checks the data as `--checkpoint` would."""
   config_lib.validate(config)
-  loaded = run.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
+  loaded = outputs.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)
   info = loaded['info']
   return build_index(config, loaded['params'], loaded['data'], out_dir, dtype=dtype,
@@ -104,7 +104,7 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
   index records its checkpoint's training data), and writes the outputs to `output_dir`
   (default `<index>_eval_<split>`)."""
   config_lib.validate(config)
-  run.check_output_dir(output_dir)
+  outputs.check_output_dir(output_dir)
   index = open_index(index_dir, config, verify=True)
   built = index.manifest['info']
   info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
@@ -115,11 +115,11 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
   run_data.prepare_run_data(config, info['workdir'] or output_dir)
   shards = run_data.open_run_data(config, info['workdir'] or output_dir)
   evaluated_on = shards.identity()
-  cross = run.check_data(info['data'], evaluated_on, config.data.get(f'{split}_split', split),
-                         index.path, cross_dataset)
+  cross = outputs.check_data(info['data'], evaluated_on,
+                             config.data.get(f'{split}_split', split), index.path, cross_dataset)
   data = shards.eval_split(split)
   evaluator = Evaluator.from_config(config, mesh)
   result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
                               gallery=evaluation_gallery(index, evaluator, data))
-  run.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
+  outputs.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
   return result

@@ -1,4 +1,4 @@
-"""Query files for `python -m prvr_jax.index search --queries FILE`.
+"""Query files for `prvr-index search --queries FILE`.
 
 * `.npz`: the model's query inputs as arrays (`query_feats [Q, L, Dq]` and `query_mask [Q, L]`,
   or `tokens [Q, C]`), optionally `ids [Q]` (strings). Read without pickles.

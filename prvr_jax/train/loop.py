@@ -38,7 +38,6 @@ from prvr_jax.data import check as data_check
 from prvr_jax.data import protocol
 from prvr_jax.data import run_data
 from prvr_jax.eval import Evaluator
-from prvr_jax.eval import run as eval_run
 from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec
 from prvr_jax.train import data as train_data
@@ -195,7 +194,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  'SumR %.1f', out['best_epoch'], out['r1'], out['r5'], out['r10'], out['r100'],
                  out['sumr'])
     if config.train.get('plots', False):  # every process: the pictures gather the params
-      eval_run.write_plots(config, params, shards, 'test', test_data, test, workdir, workdir)
+      plots.write_plots(config, params, shards, 'test', test_data, test, workdir, workdir)
     return out
   finally:
     checkpoints.close()

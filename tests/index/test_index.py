@@ -234,13 +234,13 @@ def test_damaged_or_mismatching_indexes_are_refused(gmmformer_gallery, tmp_path)
 
 def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xla_cache,
                                        tmp_path):
-  """`python -m prvr_jax.index build / search` and `evaluate.py --index` on a trained tiny run:
+  """`prvr-index build / search` and `evaluate.py --index` on a trained tiny run:
   the index evaluation equals the run's own test evaluation of the same (best) checkpoint, the
   CLI search the Python API's."""
   config = support.load_config(config_path)
   config.data.dir = tiny_data
   index_dir = tmp_path / 'index'
-  support.run_cli('prvr_jax/index/__main__.py', 'build', f'--config={config_path}',
+  support.run_cli('prvr_jax/tools/index.py', 'build', f'--config={config_path}',
                   f'--config.data.dir={tiny_data}', f'--checkpoint={reference_run}',
                   f'--out={index_dir}', cache_dir=xla_cache)
   support.run_cli('evaluate.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
@@ -260,7 +260,7 @@ def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xl
   with h5py.File(tmp_path / 'queries.h5', 'w') as f:
     for i, (feats, mask) in enumerate(zip(queries['query_feats'], queries['query_mask'])):
       f[f'q{i}'] = feats[:int(mask.sum())]
-  support.run_cli('prvr_jax/index/__main__.py', 'search', f'--index={index_dir}',
+  support.run_cli('prvr_jax/tools/index.py', 'search', f'--index={index_dir}',
                   f'--queries={tmp_path / "queries.h5"}', '--k=4',
                   f'--output={tmp_path / "out.jsonl"}', cache_dir=xla_cache)
   lines = support.read_jsonl(tmp_path / 'out.jsonl')

@@ -48,6 +48,8 @@ GROUPS = {
     'data': 'Data: releases, shards, pipelines (`prvr_jax.data`)',
     'index': 'Retrieval index (`prvr_jax.index`)',
     'clip': 'CLIP (`prvr_jax.clip`)',
+    'runtime': 'Start-up of the command-line programs (`prvr_jax.runtime`)',
+    'tools': 'Command-line tools (`prvr_jax.tools`, the `prvr-*` commands)',
     'core': 'Checkpoints, configs, conversion, metrics, optimisers, parallelism (`prvr_jax`)',
 }
 

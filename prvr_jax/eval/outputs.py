@@ -1,4 +1,5 @@
-"""What evaluate.py runs: a checkpoint (ours or official) on a split -> metrics.json, scores.npy."""
+"""What an evaluation of a checkpoint or an index leaves: a checkpoint loaded with its data and
+checked against it, then metrics.json and scores.npy (`prvr-evaluate`, `index.evaluate_index`)."""
 
 from collections.abc import Mapping
 import hashlib
@@ -10,11 +11,9 @@ from absl import logging
 import jax
 
 from prvr_jax import checkpoint
-from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
-from prvr_jax.eval.evaluator import EvalResult, Evaluator
-from prvr_jax.eval.splits import EvalSplit
+from prvr_jax.eval.evaluator import EvalResult
 
 
 METRICS_FILE = 'metrics.json'
@@ -83,7 +82,7 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
               data=shards.eval_split(split), evaluated_on=evaluated_on, cross=cross)
 
 
-def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:
+def default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:
   """`<workdir>/eval_<split>` for our checkpoints, `<file without suffix>_eval_<split>` for
   official files."""
   if info.get('workdir'):
@@ -91,66 +90,8 @@ def _default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: st
   return f'{os.path.splitext(checkpoint_path)[0]}_eval_{split}'
 
 
-def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
-                        output_dir: str | None = None, cross_dataset: bool = False,
-                        plots: bool = False) -> EvalResult:
-  """Loads, evaluates and writes the outputs (process 0 writes).
-
-  Args:
-    config: the model and data config.
-    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file.
-    split: 'test' or 'val'.
-    output_dir: default `<workdir>/eval_<split>` for our checkpoints,
-      `<file without suffix>_eval_<split>` for official files.
-    cross_dataset: allow evaluating one of our checkpoints on data other than its own split
-      (`check_data`); the outputs record `cross_dataset: true`.
-    plots: also draw the evaluation's pictures into `output_dir` (`write_plots`).
-  """
-  config_lib.validate(config)
-  check_output_dir(output_dir)
-  if plots:
-    from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
-    plots_lib.require_matplotlib()  # before the evaluation, not after it
-  loaded = load_checkpoint_and_data(
-      config, checkpoint_path, split,
-      output_dir or _default_output_dir({}, checkpoint_path, split), cross_dataset)
-  info = loaded['info']
-  output_dir = output_dir or _default_output_dir(info, checkpoint_path, split)
-  result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
-                                                                  loaded['data'])
-  finish(config, result, output_dir, split, info, loaded['evaluated_on'], loaded['cross'],
-         checkpoint_path)
-  if plots:
-    write_plots(config, loaded['params'], loaded['shards'], split, loaded['data'], result,
-                output_dir, info['workdir'])
-  return result
-
-
-def write_plots(config: Any, params: Any, shards: Any, split: str, data: EvalSplit,
-                result: EvalResult, output_dir: str, workdir: str | None = None
-                ) -> dict[str, str]:
-  """The pictures of an evaluation into `output_dir` (`plots.write_evaluation_plots`, with
-  the annotated moments of `split` where `shards` have them) and, when `workdir` has a
-  metrics file, its training curves. Call on every process; returns {picture name: path}
-  (process 0).
-
-  Args:
-    config, params: the model evaluated.
-    shards: the run's data (`prvr_jax.data.run_data.open_run_data`).
-    split: 'val' / 'test'; data, result: the split evaluated and its `EvalResult`.
-    output_dir: where the PNG files go.
-    workdir: a train.py workdir, or None.
-  """
-  from prvr_jax import plots as plots_lib  # pylint: disable=g-import-not-at-top
-  moments = shards.moments(split)
-  written = plots_lib.write_evaluation_plots(config, params, data, result, output_dir,
-                                             **moments)
-  if workdir and os.path.isfile(os.path.join(workdir, plots_lib.METRICS_FILE)):
-    written.update(plots_lib.write_training_plots(workdir, output_dir))
-  return written
-
-
 def check_output_dir(output_dir: str | None) -> None:
+  """Refuses an `--output_dir` that is a file."""
   if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
 

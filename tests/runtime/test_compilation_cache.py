@@ -5,7 +5,7 @@ step really comes from the cache is checked by test_train.py's resumed run.)"""
 import jax
 import pytest
 
-from prvr_jax import compilation_cache
+from prvr_jax.runtime import compilation_cache
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@
   after every compile.
 * `restart_with_huge_page_malloc()`: backs glibc's large blocks with transparent huge pages.
 
-Compiling a train step, XLA allocates some hundreds of MB in small pieces and frees them when
-it is done. glibc's malloc keeps the freed pages in its arenas, and the step's own buffers
+Compiling a train step, XLA allocates much memory in small pieces and frees it when it is
+done. glibc's malloc keeps the freed pages in its arenas, and the step's own buffers
 (large allocations, mapped apart from the arenas) never reuse them, so without a trim a
 training process holds the compiler's high-water mark on top of the step's memory for the rest
 of its life. `trim_after_compiles()` ends every XLA backend compile with glibc's
-`malloc_trim(0)`. train.py, evaluate.py and the benchmarks turn it on; measured in
-docs/training.md ("Memory after compiling").
+`malloc_trim(0)`. `prvr_jax.runtime.start` turns it on (docs/training.md, "Memory after
+compiling").
 
 On a CPU backend every large buffer of a step (XLA's outputs and temporaries) is a fresh
 `mmap` that glibc unmaps when it is freed, so each step faults in every page it writes, 4 KiB
@@ -18,7 +18,7 @@ at a time, and the kernel zeroes each one. With the kernel's transparent huge pa
 `madvise` mode (the common default), glibc's `glibc.malloc.hugetlb=1` tunable asks for 2 MiB
 pages for those mappings: 512 times fewer faults. glibc reads tunables only when a process
 starts, so `restart_with_huge_page_malloc()` re-executes the script with the tunable set.
-Measured in docs/training.md ("Huge pages for the step's buffers").
+`prvr_jax.runtime.run` does so (docs/training.md, "Huge pages for the step's buffers").
 """
 
 from collections.abc import Callable, Mapping

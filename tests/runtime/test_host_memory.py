@@ -1,4 +1,4 @@
-"""Host memory (prvr_jax.host_memory): the compile-time heap trim, huge-page malloc."""
+"""Host memory (prvr_jax.runtime.host_memory): the compile-time heap trim, huge-page malloc."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import support
-from prvr_jax import host_memory
+from prvr_jax.runtime import host_memory
 
 
 def test_listener_trims_after_backend_compiles_only():
@@ -73,7 +73,7 @@ def test_transparent_huge_page_mode_reads_the_bracketed_choice(tmp_path):
 
 RESTART_SCRIPT = """
 import json, os, sys
-from prvr_jax import host_memory
+from prvr_jax.runtime import host_memory
 host_memory.restart_with_huge_page_malloc()
 print(json.dumps({'pid': os.getpid(), 'argv': sys.argv,
                   'tunables': os.environ.get('GLIBC_TUNABLES')}), flush=True)

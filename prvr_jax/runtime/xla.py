@@ -1,12 +1,9 @@
-"""XLA flags that train.py and evaluate.py set by default, unless `XLA_FLAGS` sets them.
+"""XLA flags that the command-line programs set by default, unless `XLA_FLAGS` sets them.
 
 * `--xla_gpu_enable_triton_gemm=false`: on GPUs, matmuls go to cuBLAS instead of Triton GEMM
-  fusions, so XLA does not autotune a Triton kernel for each of the step's ~200 matmuls.
-  Measured by the GPU issue on one H100 (JAX 0.11.2, CUDA 13), GMMFormer v2 at TVR dims: the
-  train step compiles in 28 s instead of 218 s at 16 videos (23 s instead of 232 s at 128), and
-  runs in 15.6 ms instead of 18.1 ms (79 instead of 82 ms), with 11% more peak device memory at
-  128 videos. Our H100 run in float32: 28-35 s with it, 180 s without (docs/benchmarks.md).
-  CPUs ignore it.
+  fusions, so XLA does not autotune a Triton kernel for each of the step's matmuls: the step
+  compiles several times faster, runs a little faster and takes a little more device memory
+  (docs/benchmarks.md). CPUs ignore it.
 
 A user's own setting always wins: `XLA_FLAGS=--xla_gpu_enable_triton_gemm=true python train.py
 ...` keeps Triton. XLA reads `XLA_FLAGS` once, when the first backend starts, so `apply()` must

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache, on by default in train.py and evaluate.py.
+"""JAX's persistent compilation cache, on by default in the command-line programs.
 
 A second run, a resume and a re-evaluation of the same config load their compiled programs
 from the cache instead of compiling them again (docs/training.md, "Compilation cache"). The
@@ -21,12 +21,13 @@ import jax
 DEFAULT_DIR = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache'),
                            'prvr_jax', 'jax_compilation_cache')
 ENV = 'JAX_COMPILATION_CACHE_DIR'
+FLAG = 'compilation_cache_dir'
 
 
 def define_flags() -> None:
-  """Defines `--compilation_cache_dir` (train.py, evaluate.py)."""
+  """Defines `--compilation_cache_dir` (`prvr_jax.runtime.define_flags`)."""
   flags.DEFINE_string(
-      'compilation_cache_dir', None,
+      FLAG, None,
       'Folder of the persistent compilation cache, so that later runs of the same config skip '
       f'compilation; default ${ENV} where set, else {DEFAULT_DIR}. Empty: off. Off by default '
       'in multi-process runs on CPU.')
@@ -56,8 +57,3 @@ def enable(path: str | None = None, multi_process_cpu: bool = False) -> str | No
   logging.info('Persistent compilation cache: %s', path)
   return path
 
-
-def enable_from_flags() -> str | None:
-  """`enable` with `--compilation_cache_dir`; call after `jax.distributed` is up."""
-  multi_process_cpu = jax.process_count() > 1 and jax.default_backend() == 'cpu'
-  return enable(flags.FLAGS.compilation_cache_dir, multi_process_cpu)

@@ -1,0 +1,114 @@
+"""The start-up every command-line program shares (`prvr_jax.tools`, the benchmarks).
+
+Four concerns, one module each, started together:
+
+* `xla`: XLA flags set by default unless `XLA_FLAGS` sets them;
+* `parallel`'s multi-process flags: `jax.distributed` where they ask for it;
+* `compilation_cache`: JAX's persistent compilation cache;
+* `host_memory`: the heap trim after every compile, and huge-page malloc (a re-exec).
+
+Used as::
+
+  def _main(argv):
+    runtime.start()                 # before any device is used
+    ...
+
+  def main():                       # the program's entry point (a console script)
+    ...                             # the program's own flags
+    runtime.define_flags()          # the multi-host and compilation-cache flags
+    runtime.run(_main)
+"""
+
+from collections.abc import Callable
+import logging as pylogging
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+
+from prvr_jax import config_lib
+from prvr_jax import parallel
+from prvr_jax.runtime import compilation_cache
+from prvr_jax.runtime import host_memory
+from prvr_jax.runtime import xla
+
+# A flag of `parallel.define_distributed_flags`: defined means the program takes the
+# multi-process flags.
+_DISTRIBUTED_FLAG = 'process_id'
+
+
+def define_flags() -> None:
+  """`--multihost`, `--coordinator_address`, `--num_processes`, `--process_id` and
+  `--compilation_cache_dir`; once per program."""
+  parallel.define_distributed_flags()
+  compilation_cache.define_flags()
+
+
+def start(compilation_cache_dir: str | None = None) -> str | None:
+  """XLA's default flags (`xla`), `jax.distributed` where the flags of `define_flags` ask for
+  it, the persistent compilation cache, the heap trim after every compile (`host_memory`) and
+  the absl log without Orbax's INFO chatter, in that order; call before anything touches a
+  device.
+
+  `compilation_cache_dir`: the cache's folder ('' turns it off); None: `--compilation_cache_dir`
+  where `define_flags` defined it, else the default of `compilation_cache.enable`. A program
+  without `define_flags` (a benchmark) runs single-process. Returns the cache's folder, or None
+  when it is off.
+  """
+  xla.apply()
+  distributed = (_DISTRIBUTED_FLAG in flags.FLAGS
+                 and parallel.initialize_distributed_from_flags())
+  if compilation_cache_dir is None and compilation_cache.FLAG in flags.FLAGS:
+    compilation_cache_dir = flags.FLAGS[compilation_cache.FLAG].value
+  multi_process_cpu = (distributed and jax.process_count() > 1
+                       and jax.default_backend() == 'cpu')
+  folder = compilation_cache.enable(compilation_cache_dir, multi_process_cpu)
+  host_memory.trim_after_compiles()
+  quiet_library_logs()
+  return folder
+
+
+def quiet_library_logs() -> None:
+  """Hides the INFO chatter of Orbax from the absl log (warnings and errors stay)."""
+  class _Filter(pylogging.Filter):
+    def filter(self, record: pylogging.LogRecord) -> bool:
+      return record.levelno >= pylogging.WARNING or f'{os.sep}orbax{os.sep}' not in record.pathname
+  logging.get_absl_handler().addFilter(_Filter())
+
+
+def run(main: Callable[[list[str]], None], huge_pages: bool = True,
+        positional: bool = False) -> None:
+  """`app.run(main)` for a command-line program: first restarting the process with huge-page
+  malloc where that helps (`host_memory.restart_with_huge_page_malloc`; not with
+  `huge_pages=False`, for a program that runs no step), resolving `--config=NAME[:variant]` to
+  a shipped model config and refusing `--config.x` overrides that name no key
+  (`config_lib.resolve_config_flag`). Positional arguments are refused unless `positional`
+  (`main` reads a command from them). `--help` shows the flags and docstring of `main`'s module
+  whatever started it (`prvr-<name>`, `python -m`, a checkout's train.py)."""
+  if huge_pages:
+    host_memory.restart_with_huge_page_malloc()
+  sys.argv[:] = config_lib.resolve_config_flag(sys.argv)
+  _help_from(main.__module__)
+
+  def checked_main(argv: list[str]) -> None:
+    if len(argv) > 1 and not positional:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    main(argv)
+
+  app.run(checked_main)
+
+
+def _help_from(module_name: str) -> None:
+  """Makes the flags `module_name` defined key flags of the program's main module (what absl's
+  `--help` lists), and its docstring the usage text where the main module has none (a console
+  script)."""
+  program = sys.modules['__main__']
+  if module_name == program.__name__:
+    return
+  for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  if not program.__doc__:
+    program.__doc__ = sys.modules[module_name].__doc__

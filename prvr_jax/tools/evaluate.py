@@ -1,0 +1,115 @@
+r"""Evaluates a checkpoint (ours or an official PyTorch one), or an index, on the val or test
+split.
+
+  prvr-evaluate --config=gmmformer_v2:tvr --config.data.dir=/data/tvr \
+      --checkpoint=/tmp/gmmformer_v2_tvr --split=test --output_dir=/tmp/eval
+  prvr-evaluate --config=gmmformer_v2:tvr --config.data.dir=/data/tvr \
+      --checkpoint=/path/to/official/best.ckpt
+  prvr-evaluate --config=gmmformer_v2:tvr --config.data.dir=/data/tvr \
+      --index=/idx/tvr_test       # a built index of the split (prvr-index build)
+
+(`python evaluate.py` in a checkout, `python -m prvr_jax.tools.evaluate`.) Writes
+`<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V groups when spans
+are known) and `<output_dir>/scores.npy` ([queries in caption-file order, videos in
+first-appearance order], float32); with `--plots` also the PNG pictures of docs/plots.md.
+Multi-host flags as prvr-train.
+"""
+
+from typing import Any
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from prvr_jax import config_lib
+from prvr_jax import plots as plots_lib
+from prvr_jax import runtime
+from prvr_jax.eval import EvalResult, Evaluator, outputs
+
+
+def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
+                        output_dir: str | None = None, cross_dataset: bool = False,
+                        plots: bool = False) -> EvalResult:
+  """Loads, evaluates and writes the outputs (process 0 writes); returns the `EvalResult`.
+
+  Args:
+    config: the model and data config.
+    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file.
+    split: 'test' or 'val'.
+    output_dir: default `<workdir>/eval_<split>` for our checkpoints,
+      `<file without suffix>_eval_<split>` for official files.
+    cross_dataset: allow evaluating one of our checkpoints on data other than its own split
+      (`eval.outputs.check_data`); the outputs record `cross_dataset: true`.
+    plots: also draw the evaluation's pictures into `output_dir` (`plots.write_plots`).
+  """
+  config_lib.validate(config)
+  outputs.check_output_dir(output_dir)
+  if plots:
+    plots_lib.require_matplotlib()  # before the evaluation, not after it
+  loaded = outputs.load_checkpoint_and_data(
+      config, checkpoint_path, split,
+      output_dir or outputs.default_output_dir({}, checkpoint_path, split), cross_dataset)
+  info = loaded['info']
+  output_dir = output_dir or outputs.default_output_dir(info, checkpoint_path, split)
+  result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
+                                                                  loaded['data'])
+  outputs.finish(config, result, output_dir, split, info, loaded['evaluated_on'],
+                 loaded['cross'], checkpoint_path)
+  if plots:
+    plots_lib.write_plots(config, loaded['params'], loaded['shards'], split, loaded['data'],
+                          result, output_dir, info['workdir'])
+  return result
+
+
+def define_flags() -> None:
+  """The evaluation's flags and `runtime.define_flags`'s."""
+  config_flags.DEFINE_config_file(
+      'config', None, 'Config file[:variant] (or model name[:variant]) describing the model and '
+      'the data.', lock_config=True)
+  flags.DEFINE_string(
+      'checkpoint', None, 'A train.py workdir (its best checkpoint), a checkpoint folder in it, '
+      'or an official PyTorch .ckpt/.pth file.')
+  flags.DEFINE_string(
+      'index', None, 'Evaluate from an index of the split built by `prvr-index build` (its '
+      'stored videos and model; nothing is re-encoded) instead of --checkpoint.')
+  flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.')
+  flags.DEFINE_string(
+      'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
+      'for our checkpoints, <file>_eval_<split> beside an official file).')
+  flags.DEFINE_bool(
+      'cross_dataset', False, 'Evaluate one of our checkpoints on data other than the split it '
+      'was trained with (refused otherwise); metrics.json then records cross_dataset: true.')
+  flags.DEFINE_bool(
+      'plots', False, 'Also draw PNG pictures into the output dir: R@K per moment-to-video '
+      'group, a query x video score heatmap, per-clip relevance against the annotated moment '
+      '(models with explicit moments), the training curves of a workdir (docs/plots.md; needs '
+      "matplotlib: pip install 'prvr_jax[plots]'). With --checkpoint only.")
+  runtime.define_flags()
+
+
+def _main(argv: list[str]) -> None:
+  del argv
+  runtime.start()
+  args = flags.FLAGS
+  if args.index:
+    if args.plots:
+      raise app.UsageError('--plots draws from the model and the split\'s features: use it '
+                           'with --checkpoint, not --index.')
+    from prvr_jax import index  # pylint: disable=g-import-not-at-top
+    index.evaluate_index(args.config, args.index, args.split, args.output_dir,
+                         args.cross_dataset)
+  else:
+    evaluate_checkpoint(args.config, args.checkpoint, args.split, args.output_dir,
+                        args.cross_dataset, plots=args.plots)
+
+
+def main() -> None:
+  """The `prvr-evaluate` command."""
+  define_flags()
+  flags.mark_flags_as_required(['config'])
+  flags.mark_flags_as_mutual_exclusive(['checkpoint', 'index'], required=True)
+  runtime.run(_main)
+
+
+if __name__ == '__main__':
+  main()

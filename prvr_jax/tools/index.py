@@ -1,0 +1,147 @@
+r"""The index from the command line (`prvr-index`, or `python -m prvr_jax.tools.index`).
+
+  # Encode the test split once with a checkpoint (ours or official), int8 storage:
+  prvr-index build --config=gmmformer_v2:tvr \
+      --config.data.dir=/data/tvr --checkpoint=/runs/gmmformer_v2 --split=test \
+      --out=/idx/tvr_test --dtype=int8
+  # Top 100 videos of every query of a file (.npz / .h5 features, .txt texts for CLIP models):
+  prvr-index search --index=/idx/tvr_test --queries=queries.h5 --k=100 \
+      --output=results.jsonl
+  # Two-stage search of a very large gallery (pip install prvr_jax[ann]): build the faiss
+  # first stage once, then search with it:
+  prvr-index candidates --index=/idx/tvr_test --kind=ivf
+  prvr-index search --index=/idx/tvr_test --queries=queries.h5 \
+      --candidates=/idx/tvr_test/candidates --num_candidates=200
+  # What an index holds; --verify checks every file's sha256:
+  prvr-index info --index=/idx/tvr_test --verify
+
+search writes one JSON line per query: {"query": id, "videos": [ids], "scores": [floats]}.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from prvr_jax import runtime
+
+COMMANDS = ('build', 'search', 'candidates', 'info')
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The flags of every command and `runtime.define_flags`'s."""
+  config_flags.DEFINE_config_file(
+      'config', None, 'build: config file[:variant] (or model name[:variant]) of the model and '
+      'the data.', lock_config=True)
+  flags.DEFINE_string(
+      'checkpoint', None, 'build: a train.py workdir / checkpoint folder, or an official PyTorch '
+      'checkpoint file.')
+  flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed.')
+  flags.DEFINE_string('out', None, 'build: the new index folder; candidates: the folder of the '
+                      'candidate files (default <index>/candidates).')
+  flags.DEFINE_enum('kind', 'ivf', ['ivf', 'flat'], 'candidates: the faiss index kind.')
+  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16', 'int8'],
+                    'build: storage of the vectors (int8: one scale per vector).')
+  flags.DEFINE_integer('shard_videos', 100_000,
+                       'build: videos per shard (host memory holds one).')
+  flags.DEFINE_bool('overwrite', False, 'build: replace an existing index at --out.')
+  flags.DEFINE_bool('cross_dataset', False,
+                    'build: index data other than the checkpoint\'s own split.')
+  flags.DEFINE_string('index', None, 'search / candidates / info: the index folder.')
+  flags.DEFINE_string('queries', None, 'search: the query file (.npz, .h5, .txt).')
+  flags.DEFINE_integer('k', 100, 'search: videos returned per query.')
+  flags.DEFINE_string('output', None, 'search: JSON-lines output (default stdout).')
+  flags.DEFINE_integer('query_batch_size', 256, 'search: queries per batch.')
+  flags.DEFINE_string(
+      'candidates', None, 'search: a candidate file of this index (two-stage search); only its '
+      '--num_candidates proposals per query are scored exactly.')
+  flags.DEFINE_integer(
+      'num_candidates', 200, 'search: two-stage candidates per query (docs/two_stage.md: recall '
+      'against speed).')
+  flags.DEFINE_bool('verify', False, 'info / search: check every file\'s sha256.')
+  runtime.define_flags()
+
+
+def _require(**values) -> None:
+  missing = [f'--{name}' for name, value in values.items() if value is None]
+  if missing:
+    raise app.UsageError(f'{", ".join(missing)} required.')
+
+
+def _build() -> None:
+  from prvr_jax.index import build  # pylint: disable=g-import-not-at-top
+  _require(config=FLAGS.config, checkpoint=FLAGS.checkpoint, out=FLAGS.out)
+  index = build.build_from_checkpoint(FLAGS.config, FLAGS.checkpoint, FLAGS.split, FLAGS.out,
+                                      FLAGS.dtype, FLAGS.shard_videos, FLAGS.overwrite,
+                                      FLAGS.cross_dataset)
+  print(f'{index.path}: {len(index)} videos of model {index.spec.name}, {index.dtype}, '
+        f'{index.manifest["bytes_per_video"]} bytes per video.')
+
+
+def _search() -> None:
+  from prvr_jax.index import queries as queries_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.index import search, store  # pylint: disable=g-import-not-at-top
+  _require(index=FLAGS.index, queries=FLAGS.queries)
+  index = store.open_index(FLAGS.index, verify=FLAGS.verify)
+  inputs = index.spec.inputs(index.config_model)[1]
+  queries, ids = queries_lib.read_queries(FLAGS.queries, inputs, index.config_model)
+  searcher = search.Searcher(index, query_batch_size=FLAGS.query_batch_size)
+  if FLAGS.candidates:
+    from prvr_jax.index import candidates  # pylint: disable=g-import-not-at-top
+    result = searcher.search_two_stage(
+        queries, candidates.CandidateIndex.load(FLAGS.candidates, index),
+        FLAGS.num_candidates, k=FLAGS.k, query_ids=ids)
+  else:
+    result = searcher.search(queries, k=FLAGS.k, query_ids=ids)
+  lines = [json.dumps({'query': query_id, 'videos': videos,
+                       'scores': [round(float(s), 6) for s in scores]})
+           for query_id, videos, scores in zip(ids, result.ids, result.scores)]
+  text = '\n'.join(lines) + '\n'
+  if FLAGS.output:
+    from prvr_jax import files  # pylint: disable=g-import-not-at-top
+    files.write_atomic(FLAGS.output, lambda f: f.write(text.encode('utf-8')))
+  else:
+    sys.stdout.write(text)
+
+
+def _candidates() -> None:
+  from prvr_jax.index import candidates, store  # pylint: disable=g-import-not-at-top
+  _require(index=FLAGS.index)
+  index = store.open_index(FLAGS.index, verify=FLAGS.verify)
+  out = FLAGS.out or os.path.join(index.path, 'candidates')
+  candidates.CandidateIndex.build(index, FLAGS.kind).save(out)
+  print(f'{out}: {FLAGS.kind} candidates of the {len(index)} videos of {index.path}.')
+
+
+def _info() -> None:
+  from prvr_jax.index import store  # pylint: disable=g-import-not-at-top
+  _require(index=FLAGS.index)
+  index = store.open_index(FLAGS.index, verify=FLAGS.verify)
+  manifest = index.manifest
+  summary = {k: manifest[k] for k in ('model', 'model_config_hash', 'dtype', 'num_videos',
+                                      'bytes_per_video', 'leaves', 'created', 'info')}
+  summary['shards'] = len(manifest['shards'])
+  summary['verified'] = FLAGS.verify
+  print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def _main(argv: list[str]) -> None:
+  if len(argv) != 2 or argv[1] not in COMMANDS:
+    raise app.UsageError(f'Usage: prvr-index {{{",".join(COMMANDS)}}} --flags '
+                         f'(got {argv[1:]}).')
+  runtime.start()
+  {'build': _build, 'search': _search, 'candidates': _candidates, 'info': _info}[argv[1]]()
+
+
+def main() -> None:
+  """The `prvr-index` command."""
+  define_flags()
+  runtime.run(_main, positional=True)
+
+
+if __name__ == '__main__':
+  main()

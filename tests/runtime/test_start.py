@@ -1,0 +1,46 @@
+"""`runtime.start`: the compilation cache's folder from the argument, else the program's
+`--compilation_cache_dir`, else the default; single-process without the multi-process flags."""
+
+import os
+
+from absl import flags
+import jax
+import pytest
+
+from prvr_jax import runtime
+from prvr_jax.runtime import compilation_cache
+
+
+@pytest.fixture
+def program(monkeypatch):
+  """A program's flags (empty: it called no `define_flags`); `jax.config.update` recorded, not
+  applied, and `XLA_FLAGS` restored after the test."""
+  flag_values = flags.FlagValues()
+  monkeypatch.setattr(flags, 'FLAGS', flag_values)
+  monkeypatch.setenv('XLA_FLAGS', '')
+  monkeypatch.delenv(compilation_cache.ENV, raising=False)
+  calls = []
+  monkeypatch.setattr(jax.config, 'update', lambda name, value: calls.append((name, value)))
+  return flag_values, calls
+
+
+def test_the_argument_then_the_flag_then_the_default(program, tmp_path, monkeypatch):
+  flag_values, calls = program
+  monkeypatch.setattr(compilation_cache, 'DEFAULT_DIR', str(tmp_path / 'default'))
+  assert runtime.start('') is None
+  assert runtime.start() == str(tmp_path / 'default')  # no --compilation_cache_dir defined
+  flags.DEFINE_string(compilation_cache.FLAG, None, 'test', flag_values=flag_values)
+  flag_values([''])
+  assert runtime.start() == str(tmp_path / 'default')
+  flag_values[compilation_cache.FLAG].value = str(tmp_path / 'flag')
+  assert runtime.start() == str(tmp_path / 'flag')
+  assert runtime.start(str(tmp_path / 'arg')) == str(tmp_path / 'arg')
+  assert [value for _, value in calls] == [
+      None, str(tmp_path / 'default'), str(tmp_path / 'default'), str(tmp_path / 'flag'),
+      str(tmp_path / 'arg')]
+
+
+def test_xla_defaults_are_set(program):
+  del program
+  runtime.start('')
+  assert os.environ['XLA_FLAGS'] == '--xla_gpu_enable_triton_gemm=false'
