@@ -8,17 +8,15 @@ and exits 1 when there are problems.
 
 import sys
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from prvr_jax import config_lib
+from prvr_jax import runtime
 from prvr_jax.data import check
 
 
 def _main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  del argv
   fl = flags.FLAGS
   kwargs = dict(use_catalogue=fl.catalogue, record=fl.record or None)
   if fl.cheap:
@@ -43,8 +41,7 @@ def main() -> None:
   flags.DEFINE_bool('cheap', False, 'only the cheap part: no feature value read, no checksum')
   flags.DEFINE_bool('progress', True, 'show a progress bar on stderr')
   flags.mark_flag_as_required('config')
-  config_lib.check_override_flags(sys.argv)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':

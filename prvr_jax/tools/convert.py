@@ -9,11 +9,11 @@
 torch file when torch is installed.
 """
 
-from absl import app
 from absl import flags
 import jax
 
 from prvr_jax import convert
+from prvr_jax import runtime
 
 
 def _main(argv: list[str]) -> None:
@@ -38,7 +38,7 @@ def main() -> None:
   flags.DEFINE_string('params', None, 'flax msgpack params to export to torch names')
   flags.DEFINE_string('out', None, '.msgpack (import); .npz or a torch file (export)',
                       required=True)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':

@@ -10,13 +10,12 @@ beside it; prints each split's counts.
 
 import json
 import logging
-import sys
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from prvr_jax import config_lib
+from prvr_jax import runtime
 from prvr_jax.data import check
 from prvr_jax.data import prepare
 
@@ -43,9 +42,8 @@ def main() -> None:
   flags.DEFINE_string('out', None, 'output shard folder', required=True)
   flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
   flags.mark_flag_as_required('config')
-  config_lib.check_override_flags(sys.argv)
   logging.basicConfig(level=logging.INFO)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':

@@ -10,9 +10,9 @@ r"""Converts Moment-DETR's QVHighlights release into the release layout
 import logging
 import os
 
-from absl import app
 from absl import flags
 
+from prvr_jax import runtime
 from prvr_jax.data import qvhighlights
 
 
@@ -36,7 +36,7 @@ def main() -> None:
   flags.DEFINE_string('out', None, 'new or empty output folder (gets qvhighlights/)',
                       required=True)
   logging.basicConfig(level=logging.INFO)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':

@@ -9,9 +9,9 @@ looking at it, or for running `prvr-prepare` / `prvr-check` on its release layou
 
 import logging
 
-from absl import app
 from absl import flags
 
+from prvr_jax import runtime
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import synthetic
 
@@ -40,7 +40,7 @@ def main() -> None:
   flags.DEFINE_enum('text_feature', 'roberta', list(release_lib.TEXT_FEATURES),
                     'token features (MS-SL layout) or sentence vectors (CLIP layout)')
   logging.basicConfig(level=logging.INFO)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':

@@ -10,9 +10,9 @@ release (`text_video_features.write_feature_release`; docs/text_video_data.md).
 import logging
 import os
 
-from absl import app
 from absl import flags
 
+from prvr_jax import runtime
 from prvr_jax.data import frames as frames_lib
 from prvr_jax.data import text_video
 from prvr_jax.data import text_video_features
@@ -65,7 +65,7 @@ def main() -> None:
   flags.DEFINE_integer('num_frames', frames_lib.NUM_FRAMES, 'frames kept per video')
   flags.DEFINE_integer('dim', text_video.CLIP_DIM, 'CLIP feature dim')
   logging.basicConfig(level=logging.INFO)
-  app.run(_main)
+  runtime.run(_main, huge_pages=False)
 
 
 if __name__ == '__main__':
