@@ -23,9 +23,10 @@ the synthetic benchmark (docs/synthetic.md, which gives its run time).
 import ml_collections
 
 from prvr_jax import config_lib
+from prvr_jax.models.amdnet import AMDNet
+from prvr_jax.models.fields import config_fields
 
-MODEL = dict(name='amdnet', hidden_dim=384, num_heads=4, num_spans=4, num_clips=32,
-             max_frames=128, max_query_len=1)
+MODEL = dict(name='amdnet', **config_fields(AMDNet))
 # Hard-coded in the official code: diversity alpha 0.15, relevance margin 0.02 and weight 25.
 LOSS = dict(clip_nce=0.04, moment_diversity=1.0, moment_diversity_alpha=0.15,
             moment_relevance=25.0, moment_relevance_margin=0.02,

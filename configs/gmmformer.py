@@ -16,9 +16,11 @@ Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activi
 import ml_collections
 
 from prvr_jax import config_lib
+from prvr_jax.models.fields import config_fields
+from prvr_jax.models.two_branch import TwoBranchModel
 
 MODEL = dict(
-    name='gmmformer', **config_lib.MS_SL_LINEAGE, window='gaussian',
+    name='gmmformer', **config_fields(TwoBranchModel), window='gaussian',
     widths=(None, 0.5, 1.0, 5.0), aggregation='average', temperature=1.0,
     # Official v1 sizes the frame-branch windows by the padded batch length ('batch_max');
     # 'static' uses max_frames for every batch.

@@ -18,9 +18,11 @@ The main job (this config's default variant, README command 1) ends with test Su
 import ml_collections
 
 from prvr_jax import config_lib
+from prvr_jax.models.fields import config_fields
+from prvr_jax.models.two_branch import TwoBranchModel
 
 MODEL = dict(
-    name='gmmformer_v2', **config_lib.MS_SL_LINEAGE, window='gaussian',
+    name='gmmformer_v2', **config_fields(TwoBranchModel), window='gaussian',
     widths=(None, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0), aggregation='temporal_consolidation')
 # om_solver: where the optimal-matching loss solves its assignments, 'host' (scipy through
 # jax.pure_callback) or 'device' (the same algorithm in JAX: a step the persistent compilation

@@ -19,10 +19,12 @@ synthetic benchmark (docs/synthetic.md, which gives its run time).
 import ml_collections
 
 from prvr_jax import config_lib
+from prvr_jax.models.fields import config_fields
+from prvr_jax.models.two_branch import TwoBranchModel
 
 # Queries scored together at evaluation: the key-clip guided attention of a chunk of queries
 # with every video of the gallery shard is materialised at once (docs/design.md).
-MODEL = dict(name='ms_sl', **config_lib.MS_SL_LINEAGE, score_query_chunk=16)
+MODEL = dict(name='ms_sl', **config_fields(TwoBranchModel), score_query_chunk=16)
 # Official method/config.py defaults; the plug-ins are off (qdl, om = 0) with GMMFormer v2's
 # TVR settings ready for when they are switched on.
 LOSS = dict(margin=0.2, hard_pool_size=20, hard_negative_start_epoch=20, clip_nce=0.02,

@@ -24,8 +24,10 @@ the paper leaves open, and docs/synthetic.md).
 import ml_collections
 
 from prvr_jax import config_lib
+from prvr_jax.models.fields import config_fields
+from prvr_jax.models.two_branch import TwoBranchModel
 
-MODEL = dict(name='protoprvr', **config_lib.MS_SL_LINEAGE, num_prototypes=30,
+MODEL = dict(name='protoprvr', **config_fields(TwoBranchModel), num_prototypes=30,
              prototype_iterations=1, prototype_generator='cross_attention',
              share_prototypes=False, mask_ratio=0.15)
 # Table 8: lambda_nce (both branches' InfoNCE) 0.03 TVR / 0.06 ANet, QVH; the triplet terms

@@ -40,15 +40,6 @@ DATASETS: dict[str, dict[str, Any]] = {
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
 SYNTHETIC_DIMS = dict(visual_dim=256, query_dim=128)
 
-# Model fields of the MS-SL lineage (MS-SL, GMMFormer, GMMFormer v2, ProtoPRVR): the release's
-# input lengths (30 tokens, 128 frames, 32 clips), width 384, 4 heads, 0.7 / 0.3 score fusion;
-# T-MASS's text mass as a plug-in, off (docs/text_mass_plugin.md).
-MS_SL_LINEAGE: dict[str, Any] = dict(
-    hidden_dim=384, num_heads=4, max_query_len=30, max_frames=128, num_clips=32,
-    clip_score_weight=0.7, frame_score_weight=0.3, stochastic_text=False,
-    stochastic_samples=20, stochastic_top_k=8, stochastic_prior='uniform01',
-    stochastic_std=1.0)
-
 # Run sizes of the small variants (keys of the base config): `synthetic` is sized so that the
 # main job (README command 1) ends in minutes on 2 CPU cores, `tiny` is the CI smoke run.
 SMALL_VARIANTS: dict[str, dict[str, Any]] = {

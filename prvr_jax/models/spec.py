@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prvr_jax.models import batch as batch_lib
+from prvr_jax.models.fields import module_fields
 from prvr_jax.models.torch_names import Leaf
 from prvr_jax.ops import max_similarity
 
@@ -175,8 +176,7 @@ class ModelSpec:
 
   def build(self, config_model: Any) -> nn.Module:
     """The module with the fields of `config.model` it declares (others keep defaults)."""
-    names = {f.name for f in dataclasses.fields(self.module)} - {'parent', 'name'}
-    values = {k: config_model[k] for k in names if k in config_model}
+    values = {k: config_model[k] for k in module_fields(self.module) if k in config_model}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return self.module(**values)
 

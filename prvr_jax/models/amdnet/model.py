@@ -12,35 +12,26 @@ mask: only `clip_feats` is a video input.
 
 from collections.abc import Mapping
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import AttentionBlockV1, InputProjection, PositionalEncoding, SpanPredictor
+from prvr_jax.models.fields import SharedFields
 from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.ops import max_similarities, max_similarity
 
 
-class AMDNet(nn.Module):
-  """Attributes mirror `config.model` (see configs/amdnet.py).
+class AMDNet(SharedFields):
+  """Attributes mirror `config.model` (see configs/amdnet.py); the shared ones are
+  `SharedFields`' (`num_heads` must equal `num_spans`, `max_frames` is the official
+  `max_ctx_l`, of which the first `num_clips` positions are used).
 
   Attributes:
-    hidden_dim: d.
-    num_heads: attention heads; must equal num_spans.
-    num_spans: K moments per video.
-    num_clips: clip features per video (the span grid).
-    max_frames: learned positions (the official `max_ctx_l`; the first num_clips are used).
     max_query_len: must be 1 (one sentence vector per query).
-    dropout: attention dropout; input_dropout: projection / positional-encoding dropout.
+    num_spans: K moments per video.
   """
-  hidden_dim: int = 384
-  num_heads: int = 4
-  num_spans: int = 4
-  num_clips: int = 32
-  max_frames: int = 128
   max_query_len: int = 1
-  dropout: float = 0.2
-  input_dropout: float = 0.2
+  num_spans: int = 4
 
   def setup(self):
     if self.num_spans != self.num_heads:

@@ -27,7 +27,7 @@ from prvr_jax.layers import exhaustive_clips
 from prvr_jax.layers.multiscale import averaging_matrix, key_clip_attention
 from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, max_similarities, set_cosines_and_dots, set_similarities
+from prvr_jax.ops import l2_normalize, set_cosines_and_dots, set_similarities
 
 
 class MSSL(TwoBranchModel):
@@ -105,39 +105,27 @@ class MSSL(TwoBranchModel):
     scores = jax.lax.map(chunk, padded.reshape(chunks, size, -1))
     return scores.reshape(chunks * size, -1)[:count]
 
-  def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
-    """The training forward: clip matrices `[Q, B]`, frame matrices `[Q, Q]` (raw dots for
-    InfoNCE, cosines for the triplets), the fused eval `scores` `[Q, B]` and the embeddings
-    the plug-in terms need. Training with text mass: the clip matrices (and `scores`) of the
-    stochastic queries, `clip_support_{scores,logits}` of the support queries."""
-    videos = self.encode_videos(batch, deterministic)
-    queries = self.encode_queries(batch, deterministic)
-    # A second encoding with its own dropout mask feeds the L_div / L_om plug-ins.
-    queries_aux = self.encode_queries(batch, deterministic)
-    clips, own = videos['clips'], batch['query_video']
-    cosines, products = set_cosines_and_dots(queries, clips)
+  def training_similarities(self, branch: str, queries: jax.Array,
+                            videos: Mapping[str, jax.Array], own: jax.Array
+                            ) -> tuple[jax.Array, jax.Array]:
+    """The clip matrices `[Q, B]`, as the base's; the frame matrices `[Q, Q]`: query i against
+    the KCGA feature built for query j in j's video, keyed by j's best clip there (the frame
+    branch keeps the deterministic query)."""
+    if branch == 'clip':
+      return super().training_similarities(branch, queries, videos, own)
+    clips = videos['clips']
+    cosines, _ = set_cosines_and_dots(queries, clips)
     best = jnp.argmax(jnp.take_along_axis(cosines, own[:, None, None], axis=1)[:, 0], axis=-1)
     keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
     attended = self.key_clip_attention(keys[None], videos['frames'][own],
                                        videos['frame_mask'][own])[0]
-    scored, support = self.text_mass_training(queries, videos, own, deterministic)
-    if support:  # text mass in training: the clip matrices score the stochastic queries
-      cosines, products = set_cosines_and_dots(scored['clip'], clips)
-      scores = (self._chunked_scores(queries, videos)
-                + self.clip_score_weight * jnp.max(cosines, axis=-1))
-    else:
-      scores = self.score(queries, videos)
-    out = {
-        'scores': scores,
-        'clip_scores': jnp.max(cosines, axis=-1),
-        'clip_logits': jnp.max(products, axis=-1),
-        'frame_scores': l2_normalize(queries) @ l2_normalize(attended).T,
-        'frame_logits': queries @ attended.T,
-        'queries': queries,
-        'queries_aux': queries_aux,
-        'clips': clips,
-    }
-    if support:
-      out['clip_support_scores'], out['clip_support_logits'] = max_similarities(
-          support['clip'], clips)
-    return out
+    return l2_normalize(queries) @ l2_normalize(attended).T, queries @ attended.T
+
+  def training_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array],
+                      out: Mapping[str, jax.Array], deterministic: bool) -> jax.Array:
+    """`score`'s `[Q, B]`; training with text mass, the weighted deterministic frame score
+    plus the weighted clip score of the stochastic queries (`out['clip_scores']`)."""
+    if self.stochastic_text and not deterministic:
+      return (self._chunked_scores(queries, videos)
+              + self.clip_score_weight * out['clip_scores'])
+    return self.score(queries, videos)

@@ -9,14 +9,12 @@ the decoders used only in training (text decoder, two feature decoders) hold 4,6
 bytes (a tenth of MS-SL's 1,008,128).
 """
 
+from prvr_jax.models import two_branch
 from prvr_jax.models.protoprvr.model import ProtoPRVR
 from prvr_jax.models.protoprvr.objective import objective
-from prvr_jax.models.spec import ModelSpec
-from prvr_jax.models.two_branch import OFFICIAL_NO_DECAY, TEXT_MASS_SPEC
 
-SPEC = ModelSpec(
-    name='protoprvr', module=ProtoPRVR, objective=objective,
-    rng_streams=('dropout', 'negatives', 'masking', 'sampling'), no_decay=OFFICIAL_NO_DECAY,
+SPEC = two_branch.spec(
+    'protoprvr', ProtoPRVR, objective, extra_rng_streams=('masking',),
     # Softmax is shift invariant: no key bias of an attention gets a gradient, nor the bias of
     # the feature decoders' mixing weights (softmax over the prototypes); the text
     # decoder's cross-attention has a single key (the retrieved prototype), so its softmax
@@ -24,7 +22,6 @@ SPEC = ModelSpec(
     gradient_free=(r'/attention/key/bias$', r'_decoder/weight/bias$',
                    r'^text_decoder/cross_attention/attention/(query|key)/'),
     param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762},
-    candidate_set='clip_prototypes', candidate_query='clip', relevance='relevance',
-    **TEXT_MASS_SPEC)
+    candidate_set='clip_prototypes', candidate_query='clip', relevance='relevance')
 
 __all__ = ['ProtoPRVR', 'SPEC', 'objective']
