@@ -84,11 +84,12 @@ def test_forward_and_gradients_equal_flax(shape):
 
 def test_forward_is_flax_operation_for_operation():
   """With dropout off, evaluation (which runs the plain layers) computes what training's
-  forward computes: the same values, bit for bit."""
+  forward computes: the same reductions, so only the elementwise ops' rounding (fused with or
+  without FMA) may differ."""
   x, params, _ = _inputs((3, 9, WIDTH))
   module = nn.LayerNorm(epsilon=LAYER_NORM_EPS)
-  np.testing.assert_array_equal(jax.jit(_fast(module.apply))(params, x),
-                                jax.jit(module.apply)(params, x))
+  support.assert_close(jax.jit(_fast(module.apply))(params, x), jax.jit(module.apply)(params, x),
+                       rtol=support.f32_rtol(1, ops=3))
 
 
 def test_stacked_branches_take_their_own_parameters():

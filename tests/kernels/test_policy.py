@@ -4,9 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import support
+from prvr_jax import models, parallel, train
 from prvr_jax.kernels import policy
 from prvr_jax.layers import AttentionBlockV2
 from prvr_jax.layers.text_pooling import TextConditionedPooling
+from prvr_jax.models import registry
 
 
 def _primitives(fn, *args, enabled):
@@ -59,3 +62,24 @@ def test_text_conditioned_pooling_keeps_the_plain_layer_norms():
   params = pool.init(jax.random.key(0), texts, frames)
   loss = lambda p: jnp.sum(pool.apply(p, texts, frames) ** 2)
   assert 'custom_vjp_call' not in _primitives(loss, params, enabled=True)
+
+
+def test_the_train_step_traces_its_objective_under_the_policy(monkeypatch):
+  """GMMFormer's train step: on a backend of the policy its dropout draws no word through JAX's
+  `random_bits`; with the policy off (no backend listed) each of its dropouts does."""
+  config = support.load_config('gmmformer', 'tiny')
+  spec = registry.get_spec('gmmformer')
+  mesh = support.data_mesh(1)
+  tx, schedule = train.make_optimizer(config, total_steps=10)
+  state = jax.eval_shape(lambda: train.create_train_state(config, tx, mesh))  # traced only
+  batch = parallel.shard_global_view(models.random_batch(
+      config.model, np.random.default_rng(0), (9, 5), (4, 6, 3, 5), queries_per_video=2), mesh)
+
+  def random_bits_calls():
+    step = train.make_train_step(config, spec, tx, schedule, mesh)
+    return str(jax.make_jaxpr(step)(state, batch, np.int32(0))).count('random_bits[')
+
+  monkeypatch.setattr(policy, 'FAST_BACKENDS', (jax.default_backend(),))
+  fast = random_bits_calls()
+  monkeypatch.setattr(policy, 'FAST_BACKENDS', ())
+  assert random_bits_calls() > fast
