@@ -5,6 +5,11 @@
 * `AttentionBlockV2` (GMMFormer v2): attention without output projection -> dropout ->
   LayerNorm(x + .) -> FFN(`ffn_multiplier` x D, ReLU) -> dropout -> LayerNorm(x + .).
   `ffn_multiplier=1` with a separate query input is v2's temporal-consolidation cross-attention.
+
+The layers are plain Flax. Two operations read the shared input of `GMMBlock`'s parallel
+branches and so take its batching rules (`prvr_jax.kernels.branches`, docs/kernels.md): a
+block's residual `branches.residual(x, y)` and the projections' `branches.matmul`; anywhere
+else they are `x + y` and `precision.matmul`.
 """
 
 from collections.abc import Callable
@@ -14,10 +19,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers import branches
+from prvr_jax.kernels import branches
 from prvr_jax.layers import precision
-from prvr_jax.layers import random_bits
-from prvr_jax.layers.normalization import LayerNorm
 from prvr_jax.layers.precision import dense_dot_general
 
 # PyTorch defaults the official code relies on.
@@ -26,51 +29,8 @@ MASKED_LOGIT = -10000.0
 dense_init = nn.initializers.normal(stddev=0.02)
 
 
-def _keep_mask(words: jax.Array, threshold: int) -> jax.Array:
-  """`[16, W]` uint32 random words -> `[32 W]` bool: element `2k + h` kept where half `h` (low
-  half first) of the `k`-th word (row-major) is at least `threshold`.
-
-  XLA fuses a cheap elementwise producer into every consumer, so a mask built from random words
-  would have its 20 threefry rounds recomputed in each fusion that reads it: dropout's forward,
-  its backward, and each consumer of the dropped activations (2.7x the words a GMMFormer v2 step
-  needs). XLA:CPU drops optimisation barriers, but it does not duplicate a reduction: the mask
-  is packed into 32-bit words by one, over the leading axis so that each word is hashed once
-  for both its halves, and every consumer reads 1 stored bit per element instead.
-  """
-  lanes = 2 * jax.lax.iota(jnp.uint32, 16)[:, None]
-  low_kept = ((words & 0xFFFF) >= threshold).astype(jnp.uint32)
-  high_kept = ((words >> 16) >= threshold).astype(jnp.uint32)
-  packed = jnp.sum((low_kept << lanes) | (high_kept << (lanes + 1)), axis=0, dtype=jnp.uint32)
-  shifts = lanes[:, :, None] + jax.lax.iota(jnp.uint32, 2)
-  return ((packed[:, None] >> shifts) & 1).astype(bool).reshape(-1)
-
-
-class Dropout(nn.Module):
-  """Inverted dropout that draws 16 random bits per element, two elements per 32-bit word.
-
-  Random-bit generation dominates dropout on CPUs (about 40% of a GMMFormer v2 training step
-  with `nn.Dropout`'s one word per element); this halves it. The words are those of
-  `jax.random.bits`, computed by `random_bits.uint32_words` in the same fused pass as the mask
-  instead of in JAX's CPU loop, once per word (`_keep_mask`). Elements are kept with
-  probability `1 - rate` rounded to a multiple of 2^-16 and scaled by `1 / (1 - rate)`.
-  """
-  rate: float
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    packed_words = -(-x.size // 32)
-    words = random_bits.uint32_words(self.make_rng('dropout'), 16 * packed_words)
-    keep = _keep_mask(words.reshape(16, packed_words), round(self.rate * 65536))
-    keep = keep[:x.size].reshape(x.shape)
-    return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
-
-
-def layer_norm(name: str) -> LayerNorm:
-  return LayerNorm(epsilon=LAYER_NORM_EPS, name=name)
+def layer_norm(name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name=name)
 
 
 def dense(features: int, name: str, use_bias: bool = True) -> nn.Dense:
@@ -150,7 +110,7 @@ class MultiHeadAttention(nn.Module):
     if key_mask is not None:
       logits = logits + (1.0 - key_mask[:, None, None, :]) * MASKED_LOGIT
     attention = jax.nn.softmax(logits, axis=-1)
-    probs = Dropout(self.dropout_rate)(attention, deterministic=deterministic)
+    probs = nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
     if fold:  # sum_k p_k (x_k W_v + b_v) = (sum_k p_k x_k) W_v + (sum_k p_k) b_v
       attended = jnp.einsum('bhqk,bke->bqhe', probs, keys)  # [B, Lq, H, D]
       out = (jnp.einsum('bqhe,ehd->bqhd', attended, split(value_proj.kernel))
@@ -177,8 +137,8 @@ class AttentionBlockV1(nn.Module):
     y, probs = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
         x, context, key_mask, window, deterministic, return_probs=True)
     y = dense(x.shape[-1], 'output')(y)
-    y = Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    out = layer_norm('norm')(branches.add(x, y))
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    out = layer_norm('norm')(branches.residual(x, y))
     return (out, probs) if return_probs else out
 
 
@@ -195,10 +155,10 @@ class AttentionBlockV2(nn.Module):
     """x `[B, L, D]` (context `[B, Lk, D]`, default x) -> `[B, L, D]`."""
     width = x.shape[-1]
     context = x if context is None else context
-    drop = lambda y: Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    drop = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
         x, context, key_mask, window, deterministic)
-    x = layer_norm('norm1')(branches.add(x, drop(y)))
+    x = layer_norm('norm1')(branches.residual(x, drop(y)))
     y = dense(self.ffn_multiplier * width, 'ffn_in')(x)
     y = dense(width, 'ffn_out')(drop(nn.relu(y)))
     return layer_norm('norm2')(x + drop(y))

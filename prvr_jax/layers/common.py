@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers.attention import Dropout, dense, dense_init, layer_norm
+from prvr_jax.layers.attention import dense, dense_init, layer_norm
 
 # `mask_logits` of the official code: masked positions get this logit before the softmax.
 POOLING_MASKED_LOGIT = -1e10
@@ -25,7 +25,7 @@ class InputProjection(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
     x = layer_norm('norm')(x)
-    x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     return nn.relu(dense(self.features, 'dense')(x))
 
 
@@ -42,7 +42,7 @@ class PositionalEncoding(nn.Module):
       raise ValueError(f'sequence length {length} exceeds the {self.max_len} learned positions')
     embedding = self.param('embedding', dense_init, (self.max_len, x.shape[-1]))
     x = layer_norm('norm')(x + embedding[:length])
-    return Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
 
 
 class AttentionPooling(nn.Module):

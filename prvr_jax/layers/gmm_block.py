@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers import branches
-from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, Dropout, dense
+from prvr_jax.kernels import branches
+from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, dense
 from prvr_jax.layers.windows import stacked_windows
 
 AGGREGATIONS = ('average', 'weighted', 'dynamic', 'temporal_consolidation')
@@ -106,5 +106,5 @@ class GMMBlock(nn.Module):
   def _mix(self, tokens: jax.Array, features: int, deterministic: bool) -> jax.Array:
     """Linear -> ReLU -> Dropout -> Linear(features), shared by the learned aggregations."""
     hidden = nn.relu(dense(tokens.shape[-1], 'mix_hidden')(tokens))
-    hidden = Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
+    hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
     return dense(features, 'mix_out')(hidden)

@@ -70,9 +70,8 @@ def _kernel_grad_split_rows(x16: jax.Array, grad16: jax.Array) -> jax.Array:
   XLA:CPU runs bfloat16 x bfloat16 -> float32 products only in YNNPACK, which takes no
   transposed left operand. With one contracted leading axis XLA hands the product `x16`'s
   transpose, and then either fails ('Unsupported element type for DotThunk', earlier jaxlibs)
-  or, with jaxlib 0.10, runs it in float32 on bfloat16-rounded copies: 25 ms where the
-  bfloat16 product takes 15 (`[4096, 384]^T x [4096, 1536]`, one AMD EPYC Zen 4 core pair;
-  an optimisation barrier on the transpose does not stop that). With two contracted leading
+  or, with jaxlib 0.10, runs it in float32 on bfloat16-rounded copies, slower than the
+  bfloat16 product (an optimisation barrier on the transpose does not stop that). With two contracted leading
   axes XLA flattens them with a copy that is already the transpose, as for a 3-D input, and
   the product runs in bfloat16. An odd row count gets a zero row, which adds nothing.
   """

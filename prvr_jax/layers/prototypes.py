@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prvr_jax.layers.attention import AttentionBlockV2, Dropout, MultiHeadAttention, dense
+from prvr_jax.layers.attention import AttentionBlockV2, MultiHeadAttention, dense
 from prvr_jax.layers.attention import layer_norm
 
 # Like DETR's object queries (torch `nn.Embedding`), the prototypes start at N(0, 1): a small
@@ -47,7 +47,8 @@ class _PrototypeQueriedAttention(nn.Module):
                mask: jax.Array | None, deterministic: bool) -> tuple[jax.Array, jax.Array]:
     y, probs = MultiHeadAttention(self.num_heads, self.dropout, name='attention')(
         content + prototypes, feats, mask, deterministic=deterministic, return_probs=True)
-    y = Dropout(self.dropout)(dense(content.shape[-1], 'output')(y), deterministic=deterministic)
+    y = dense(content.shape[-1], 'output')(y)
+    y = nn.Dropout(self.dropout)(y, deterministic=deterministic)
     return layer_norm('norm')(content + y), probs.mean(axis=1)
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax.layers import precision
-from prvr_jax.layers.attention import LAYER_NORM_EPS, Dropout, Projection, folding_is_cheaper
+from prvr_jax.layers.attention import LAYER_NORM_EPS, Projection, folding_is_cheaper
 from prvr_jax.layers.common import identity_kernel
 from prvr_jax.layers.precision import dense_dot_general
 
@@ -71,13 +71,14 @@ class TextConditionedPooling(nn.Module):
       # with out_proj applied per frame (and head) instead of per (text, video) pair.
       projected = precision.einsum('bfhc,hcd->bfhd', v, out_proj.kernel.reshape(h, d // h, d))
       # One product per video, `[B, Q, D]`, then turned to `[Q, B, D]`: asked for `[Q, B, D]`
-      # directly, XLA:CPU computes `[B, D, Q]` and transposes it inside each of its consumers
-      # (T-MASS's step at 128 videos: 13-15% slower).
+      # directly, XLA:CPU computes `[B, D, Q]` and transposes it inside each of its consumers,
+      # which made T-MASS's step slower.
       attended = jnp.swapaxes(jnp.einsum('bqhf,bfhd->bqd', jnp.swapaxes(weights, 0, 1),
                                          projected), 0, 1) + out_proj.bias
     else:
       attended = out_proj(jnp.einsum('qbhf,bfhc->qbhc', weights, v).reshape(
           num_texts, num_videos, d))
     attended = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm2')(attended)
-    residual = Dropout(self.dropout)(_identity_dense(d, 'linear_proj')(attended), deterministic)
+    residual = _identity_dense(d, 'linear_proj')(attended)
+    residual = nn.Dropout(self.dropout)(residual, deterministic)
     return nn.LayerNorm(epsilon=LAYER_NORM_EPS, name='layer_norm3')(attended + residual)

@@ -10,6 +10,7 @@ import ml_collections
 import optax
 
 from prvr_jax import parallel
+from prvr_jax.kernels.policy import fast_kernels
 from prvr_jax.layers.precision import matmul_precision
 from prvr_jax.models.spec import LossContext, ModelSpec
 from prvr_jax.train.state import TrainState
@@ -27,7 +28,8 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
   dependent losses never recompile. The step's key `fold_in(state.rng, state.step)` is split
   into one key per name of `spec.rng_streams`. metrics: `loss`, the objective's terms, `lr`
   (of this update) and `grad_norm` (global L2 norm of the gradients before clipping), all
-  replicated scalars. Matmuls run at `config.train.matmul_precision`.
+  replicated scalars. Matmuls run at `config.train.matmul_precision`; the model's layers run
+  with the CPU kernels where `kernels.policy.fast_kernels` enables them.
   """
   module = spec.build(config.model)
   precision = config.train.matmul_precision
@@ -37,7 +39,7 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
     keys = jax.random.split(jax.random.fold_in(state.rng, state.step), len(spec.rng_streams))
     rngs = dict(zip(spec.rng_streams, keys))
     ctx = LossContext(loss=config.loss, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
-    with matmul_precision(precision):
+    with matmul_precision(precision), fast_kernels():
       (loss, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
           module, state.params, batch, rngs, ctx)
       with jax.named_scope('optimizer'):  # named for the profile breakdown (benchmarks/)

@@ -41,6 +41,7 @@ GENERATED = '_generated'
 # after these); modules directly under prvr_jax go to 'core'.
 GROUPS = {
     'layers': 'Layers (`prvr_jax.layers`)',
+    'kernels': 'CPU-tuned kernels and their policy (`prvr_jax.kernels`)',
     'losses': 'Losses (`prvr_jax.losses`)',
     'models': 'Models and the registry (`prvr_jax.models`)',
     'train': 'Training (`prvr_jax.train`)',

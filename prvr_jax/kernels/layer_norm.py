@@ -1,7 +1,8 @@
-"""LayerNorm over the last axis with a hand-written backward pass.
+"""LayerNorm's CPU kernel: `flax.linen.LayerNorm`'s forward with a hand-written backward pass.
 
-The forward is `flax.linen.LayerNorm`'s, operation for operation (mean and mean square in one
-pass, `var = max(0, E[x^2] - mean^2)`, `(x - mean) * (rsqrt(var + eps) * scale) + bias`), and the
+Reference: `flax.linen.LayerNorm` over the last axis, which the layers use. The forward here is
+Flax's, operation for operation (mean and mean square in one pass,
+`var = max(0, E[x^2] - mean^2)`, `(x - mean) * (rsqrt(var + eps) * scale) + bias`), and the
 parameters are the same (`scale` and `bias`, `[D]`), so checkpoints and converted official
 weights load unchanged. Differentiating Flax's form, JAX keeps `x - mean` and the `[..., D]`
 product `rsqrt(var + eps) * scale` for the backward pass, and XLA:CPU writes that product and
@@ -12,12 +13,8 @@ form, with `g = dy * scale` and `xhat = (x - mean) * rstd`:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dscale = sum(dy * xhat),  dbias = sum(dy)
 
 which is the gradient of Flax's form (its `max(0, .)` only clamps rounding of a constant row,
-where `xhat` is 0 and both give `rstd * (g - mean(g))`).
-
-`attention.layer_norm` (every attention block, input projection, prototype and span-mask
-layer) builds this one: the training steps of GMMFormer and GMMFormer v2 hold 6-10% less peak
-memory at the same speed. X-Pool (T-MASS) keeps `nn.LayerNorm`, whose `[Q, B, D]` pair
-LayerNorms ran 6-14% slower in this form (docs/benchmarks.md, "LayerNorm's backward pass").
+where `xhat` is 0 and both give `rstd * (g - mean(g))`). Less peak memory at the same speed;
+`prvr_jax.kernels.policy` says where it stands in for `nn.LayerNorm`.
 """
 
 import functools
@@ -60,14 +57,19 @@ def _layer_norm_bwd(epsilon, residuals, dy):
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
-class LayerNorm(nn.Module):
-  """`nn.LayerNorm(epsilon=...)` over the last axis (same parameters), with `layer_norm`'s
-  backward pass."""
-  epsilon: float
+def supports(module: nn.LayerNorm, x: jax.Array) -> bool:
+  """Whether `apply` computes `module(x)`: a float32 LayerNorm over the last axis with a scale
+  and a bias, Flax's one-pass variance and no cross-device statistics."""
+  return (x.dtype == jnp.float32 and module.dtype is None and module.param_dtype == jnp.float32
+          and module.reduction_axes in (-1, (-1,)) and module.feature_axes in (-1, (-1,))
+          and module.use_bias and module.use_scale and module.use_fast_variance
+          and module.axis_name is None)
 
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    width = x.shape[-1]
-    scale = self.param('scale', nn.initializers.ones, (width,), jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (width,), jnp.float32)
-    return layer_norm(x, scale, bias, self.epsilon)
+
+def apply(module: nn.LayerNorm, x: jax.Array) -> jax.Array:
+  """`module(x)` with `layer_norm`'s backward pass; the same parameters, made by the same
+  initialisers."""
+  width = x.shape[-1]
+  scale = module.param('scale', module.scale_init, (width,), module.param_dtype)
+  bias = module.param('bias', module.bias_init, (width,), module.param_dtype)
+  return layer_norm(x, scale, bias, module.epsilon)

@@ -1,5 +1,5 @@
-"""The products of parallel branches over a shared input in mixed precision
-(prvr_jax.layers.branches), and GMMBlock's use of them."""
+"""The residual and products of parallel branches over a shared input
+(prvr_jax.kernels.branches) against the plain operations, and GMMBlock's use of them."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import support
-from prvr_jax.layers import AttentionBlockV1, AttentionBlockV2, GMMBlock, branches, precision
+from prvr_jax.kernels import branches
+from prvr_jax.layers import AttentionBlockV1, AttentionBlockV2, GMMBlock, precision
 from prvr_jax.layers.windows import stacked_windows
 
 
@@ -61,13 +62,13 @@ def _vjp_equations(run, a, b, cotangent):
 
 @pytest.mark.parametrize('precision_name', ['float32', 'bfloat16'])
 def test_shared_residual_gradient_is_a_product_over_the_branches(precision_name):
-  """`add` with the residual shared by the branches: the plain sum, whose gradient for the
+  """`residual` with the residual shared by the branches: the plain sum, whose gradient for the
   shared operand is the sum of the branches' cotangents, computed as one float32 product."""
   x, y = _normal(3, (2, 6, 16)), _normal(4, (3, 2, 6, 16))
   cotangent = _normal(5, (3, 2, 6, 16))
   def run(x, y):
     with precision.matmul_precision(precision_name), branches.shared_input():
-      return jax.vmap(branches.add, in_axes=(None, 0))(x, y)
+      return jax.vmap(branches.residual, in_axes=(None, 0))(x, y)
   out, vjp = jax.vjp(run, x, y)
   grad_x, grad_y = vjp(cotangent)
   np.testing.assert_array_equal(out, x[None] + y)

@@ -1,5 +1,6 @@
-"""`layers.normalization.LayerNorm` against `flax.linen.LayerNorm`: same parameters, same
-forward, and its hand-written backward equal to the gradient of Flax's form."""
+"""`kernels.layer_norm` against `flax.linen.LayerNorm`, the layer it stands in for under
+`policy.fast_kernels()`: same parameters, same forward, and its hand-written backward equal to
+the gradient of Flax's form."""
 
 import flax.linen as nn
 import jax
@@ -8,10 +9,31 @@ import numpy as np
 import pytest
 
 import support
-from prvr_jax.layers import normalization
+from prvr_jax.kernels import layer_norm
+from prvr_jax.kernels.policy import fast_kernels
 from prvr_jax.layers.attention import LAYER_NORM_EPS
 
 WIDTH = 384
+
+
+def _fast(method):
+  """`method(*args)` traced with the kernels in place of the plain layers."""
+  def run(*args, **kwargs):
+    with fast_kernels(True):
+      return method(*args, **kwargs)
+  return run
+
+
+def _uses_kernel(fn, *args):
+  return 'custom_vjp_call' in str(jax.make_jaxpr(fn)(*args))
+
+
+class _Norm(nn.Module):
+  """The layers' use: an `nn.LayerNorm` made inside a module."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm(epsilon=LAYER_NORM_EPS)(x)
 
 
 def _inputs(shape, seed=0):
@@ -26,8 +48,9 @@ def _inputs(shape, seed=0):
 
 def test_parameters_are_flax_layer_norms():
   x = jnp.ones((2, 5, WIDTH))
-  ours = normalization.LayerNorm(LAYER_NORM_EPS).init(jax.random.key(0), x)
-  flax_params = nn.LayerNorm(epsilon=LAYER_NORM_EPS).init(jax.random.key(0), x)
+  module = nn.LayerNorm(epsilon=LAYER_NORM_EPS)
+  ours = _fast(module.init)(jax.random.key(0), x)
+  flax_params = module.init(jax.random.key(0), x)
   assert jax.tree.map(lambda a: (a.shape, a.dtype), ours) == jax.tree.map(
       lambda a: (a.shape, a.dtype), flax_params)
   np.testing.assert_array_equal(ours['params']['scale'], np.ones(WIDTH))
@@ -37,15 +60,16 @@ def test_parameters_are_flax_layer_norms():
 @pytest.mark.parametrize('shape', [(7, WIDTH), (3, 9, WIDTH), (2, 3, 4, 96)])
 def test_forward_and_gradients_equal_flax(shape):
   x, params, cotangent = _inputs(shape)
-  ours, theirs = normalization.LayerNorm(LAYER_NORM_EPS), nn.LayerNorm(epsilon=LAYER_NORM_EPS)
+  module = nn.LayerNorm(epsilon=LAYER_NORM_EPS)
 
-  def loss(module):
-    return lambda p, v: jnp.sum(module.apply(p, v) * cotangent)
+  def loss(p, v):
+    return jnp.sum(module.apply(p, v) * cotangent)
 
-  support.assert_close(ours.apply(params, x), theirs.apply(params, x),
+  assert _uses_kernel(_fast(loss), params, x) and not _uses_kernel(loss, params, x)
+  support.assert_close(_fast(module.apply)(params, x), module.apply(params, x),
                        rtol=support.f32_rtol(shape[-1]))
-  grads = jax.grad(loss(ours), argnums=(0, 1))(params, x)
-  expected = jax.grad(loss(theirs), argnums=(0, 1))(params, x)
+  grads = jax.grad(_fast(loss), argnums=(0, 1))(params, x)
+  expected = jax.grad(loss, argnums=(0, 1))(params, x)
   rows = int(np.prod(shape[:-1]))
   for name in ('scale', 'bias'):  # sums over the rows
     support.assert_close(grads[0]['params'][name], expected[0]['params'][name],
@@ -58,21 +82,33 @@ def test_forward_and_gradients_equal_flax(shape):
                        scale=float(jnp.max(jnp.abs(grads[1][..., 0, :]))) * shape[-1])
 
 
+def test_forward_is_flax_operation_for_operation():
+  """With dropout off, evaluation (which runs the plain layers) computes what training's
+  forward computes: the same reductions, so only the elementwise ops' rounding (fused with or
+  without FMA) may differ."""
+  x, params, _ = _inputs((3, 9, WIDTH))
+  module = nn.LayerNorm(epsilon=LAYER_NORM_EPS)
+  support.assert_close(jax.jit(_fast(module.apply))(params, x), jax.jit(module.apply)(params, x),
+                       rtol=support.f32_rtol(1, ops=3))
+
+
 def test_stacked_branches_take_their_own_parameters():
   """Under `nn.vmap` (a GMMBlock's K branches) each branch normalises with its own slice."""
   x, _, cotangent = _inputs((4, 6, WIDTH))
-  stacked = nn.vmap(normalization.LayerNorm, in_axes=0, out_axes=0,
-                    variable_axes={'params': 0}, split_rngs={'params': True})(LAYER_NORM_EPS)
-  params = stacked.init(jax.random.key(0), x)
+  stacked = nn.vmap(_Norm, in_axes=0, out_axes=0,
+                    variable_axes={'params': 0}, split_rngs={'params': True})()
+  params = _fast(stacked.init)(jax.random.key(0), x)
   params = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(5), a.shape), params)
   flax_ln = nn.LayerNorm(epsilon=LAYER_NORM_EPS)
-  grads = jax.grad(lambda p: jnp.sum(stacked.apply(p, x) * cotangent))(params)
+  outputs = _fast(stacked.apply)(params, x)
+  loss = _fast(lambda p: jnp.sum(stacked.apply(p, x) * cotangent))
+  assert _uses_kernel(loss, params)
+  grads = jax.grad(loss)(params)
   for k in range(4):
-    branch = jax.tree.map(lambda a, k=k: a[k], params)
-    support.assert_close(stacked.apply(params, x)[k], flax_ln.apply(branch, x[k]),
-                         rtol=support.f32_rtol(WIDTH))
+    branch = {'params': jax.tree.map(lambda a, k=k: a[k], params['params']['LayerNorm_0'])}
+    support.assert_close(outputs[k], flax_ln.apply(branch, x[k]), rtol=support.f32_rtol(WIDTH))
     expected = jax.grad(lambda p, k=k: jnp.sum(flax_ln.apply(p, x[k]) * cotangent[k]))(branch)
-    support.assert_close(grads['params']['scale'][k], expected['params']['scale'],
+    support.assert_close(grads['params']['LayerNorm_0']['scale'][k], expected['params']['scale'],
                          rtol=support.f32_rtol(6 * WIDTH, ops=2))
 
 
@@ -80,7 +116,7 @@ def test_backward_keeps_only_the_input_and_row_statistics():
   """Flax's form keeps two `[..., D]` arrays for its backward (`x - mean` and the product
   `rsqrt(var + eps) * scale`); this one keeps `x` and `[..., 1]` statistics."""
   x, params, _ = _inputs((5, 8, WIDTH))
-  _, residuals = normalization._layer_norm_fwd(  # pylint: disable=protected-access
+  _, residuals = layer_norm._layer_norm_fwd(  # pylint: disable=protected-access
       x, params['params']['scale'], params['params']['bias'], LAYER_NORM_EPS)
   full_size = [r for r in residuals if r.shape == x.shape]
   assert len(full_size) == 1 and full_size[0] is x
