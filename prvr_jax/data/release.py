@@ -244,6 +244,30 @@ def read_captions(path: str) -> list[tuple[str, str]]:
   return items
 
 
+def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
+  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
+  moments = {}
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, 1):
+      parts = line.split()
+      if not parts:
+        continue
+      try:
+        if len(parts) != 4:
+          raise ValueError
+        start, end, duration = (float(v) for v in parts[1:])
+      except ValueError:
+        raise DataError(
+            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {short(line.strip())}'
+        ) from None
+      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
+        raise DataError(
+            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
+            f'got {start} {end} {duration}')
+      moments[parts[0]] = (start, end, duration)
+  return moments
+
+
 def video_ids_in_order(captions: Iterable[tuple[str, str]]) -> list[str]:
   """Unique video ids of `(cap_id, caption)` items in order of first appearance."""
   return list(dict.fromkeys(video_id_of(cap_id) for cap_id, _ in captions))
@@ -679,12 +703,7 @@ class ReleaseSplit:
         return (f'video {short(video_id)}: frame id {short(absent[0])} ({len(absent)} of {len(frames)} frames) '
                 f'is not in BigFile {rel.bigfile.folder}')
       dim, source = rel.bigfile.dim, rel.bigfile.folder
-    if self._visual_dim is None:
-      self._visual_dim = dim
-    elif dim != self._visual_dim:
-      flag = 'config.model.visual_dim' if rel.expected_visual_dim is not None else 'the first video\'s dim'
-      return f'video {short(video_id)} has feature dim {dim} in {source} but {flag} is {self._visual_dim}'
-    return None
+    return self._same_dim('video', video_id, dim, source)
 
   def _check_caption(self, cap_id: str) -> str | None:
     rel = self.release
@@ -700,12 +719,19 @@ class ReleaseSplit:
               'layout holds one sentence vector per caption ([Dq] or [1, Dq])')
     if math.prod(shape) > MAX_FEATURE_ELEMENTS:
       return _too_large('caption', cap_id, shape, path)
-    dim = shape[-1]
-    if self._query_dim is None:
-      self._query_dim = dim
-    elif dim != self._query_dim:
-      flag = 'config.model.query_dim' if rel.expected_query_dim is not None else 'the first caption\'s dim'
-      return f'caption {short(cap_id)} has feature dim {dim} in {path} but {flag} is {self._query_dim}'
+    return self._same_dim('caption', cap_id, shape[-1], path)
+
+  def _same_dim(self, kind: str, item_id: str, dim: int, source: str) -> str | None:
+    """Keeps the first dim of a `kind` ('video' / 'caption'), or returns the problem of an
+    item whose dim differs from config.model.{visual,query}_dim or the first item's."""
+    which = 'visual' if kind == 'video' else 'query'
+    want = getattr(self, f'_{which}_dim')
+    if want is None:
+      setattr(self, f'_{which}_dim', dim)
+    elif dim != want:
+      flag = (f'config.model.{which}_dim' if getattr(self.release, f'expected_{which}_dim')
+              is not None else f'the first {kind}\'s dim')
+      return f'{kind} {short(item_id)} has feature dim {dim} in {source} but {flag} is {want}'
     return None
 
   def _check_values(self, item_id: str, read) -> str | None:
@@ -898,7 +924,7 @@ class ReleaseWriter:
 
   def write_moments(self, split: str, rows: Iterable[tuple[str, float, float, float]]) -> None:
     """`TextData/<collection><split>.moments.txt`: `<cap_id> <start> <end> <duration>` lines
-    (seconds, written exactly: `repr`), read by `prepare.read_moments`."""
+    (seconds, written exactly: `repr`), read by `read_moments`."""
     with open(self.layout.moments_path(split), 'w', encoding='utf-8') as f:
       for cap_id, start, end, duration in rows:
         f.write(f'{cap_id} {start!r} {end!r} {duration!r}\n')
