@@ -23,6 +23,7 @@ fault. `skip_bad_items=True` skips bad videos / captions instead, records each o
 
 import ast
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -496,7 +497,6 @@ class Release:
       expected = ', '.join(self.layout.caption_path(s) for s in _SPLIT_ORDER)
       raise FileNotFoundError(f'no caption files in {self.layout.text_dir}; expected {expected}')
     _require_files(self.layout.feature_files(), f'release {collection_dir} ({text_feature} layout)')
-    self._bigfile = self._video2frames = self._clip_videos = self._queries = None
     self._splits: dict[str, ReleaseSplit] = {}
 
   @property
@@ -513,39 +513,32 @@ class Release:
 
   # Shared readers, opened on first use.
 
-  @property
+  @functools.cached_property
   def bigfile(self) -> BigFile:
-    if self._bigfile is None:
-      self._bigfile = BigFile(self.layout.feature_dir)
-      if self.expected_visual_dim is not None and self._bigfile.dim != self.expected_visual_dim:
-        raise _dim_error('config.model.visual_dim', self.expected_visual_dim, self._bigfile.dim,
-                         os.path.join(self._bigfile.folder, 'shape.txt'))
-    return self._bigfile
+    bigfile = BigFile(self.layout.feature_dir)
+    if self.expected_visual_dim is not None and bigfile.dim != self.expected_visual_dim:
+      raise _dim_error('config.model.visual_dim', self.expected_visual_dim, bigfile.dim,
+                       os.path.join(bigfile.folder, 'shape.txt'))
+    return bigfile
 
-  @property
+  @functools.cached_property
   def video2frames(self) -> dict[str, list[str]]:
-    if self._video2frames is None:
-      self._video2frames = read_video2frames(self.layout.video2frames_path)
-    return self._video2frames
+    return read_video2frames(self.layout.video2frames_path)
 
-  @property
+  @functools.cached_property
   def clip_videos(self) -> ClipVideoFeatures:
-    if self._clip_videos is None:
-      self._clip_videos = ClipVideoFeatures(self.layout.clip_video_feature_path)
-    return self._clip_videos
+    return ClipVideoFeatures(self.layout.clip_video_feature_path)
 
-  @property
+  @functools.cached_property
   def queries(self) -> H5Features:
-    if self._queries is None:
-      cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
-      self._queries = cls(self.layout.query_feature_path)
-    return self._queries
+    cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
+    return cls(self.layout.query_feature_path)
 
   def close(self) -> None:
-    """Closes the HDF5 files (they reopen on the next read)."""
-    for reader in (self._clip_videos, self._queries):
-      if reader is not None:
-        reader.close()
+    """Closes the HDF5 files that were opened (they reopen on the next read)."""
+    for name in ('clip_videos', 'queries'):
+      if name in self.__dict__:
+        self.__dict__[name].close()
 
   def __enter__(self) -> 'Release':
     return self
