@@ -16,6 +16,7 @@ annotations read end to end):
 * ids: every caption's video in `video2frames.txt` (or the CLIP video file), every frame id
   of a video in the BigFile, every caption in the query feature file; ids no split uses are
   noted; a training split sharing videos with another split;
+* moments files: parsed, and covering every caption of their split (`split_moments`);
 * full check only: every stored value finite (each feature row / array read once), and a
   content checksum of every file, recorded so that a later run says what changed.
 
@@ -26,6 +27,10 @@ files sha256 of their datasets (name, dtype, shape, values, in name order), comp
 same pass that checks the values. They are recorded in `<collection folder>/prvr_checksums.json`
 (or `--record=PATH`) on the first full check; later checks compare with the record, and
 `--update_record` replaces it. See docs/data_check.md.
+
+The one validator: `prvr-check`, training and `prvr-prepare` call `check_before_run`;
+`prepare` checks moments (`split_moments`) and split overlap (`check_split_overlaps`) here;
+`run_data` compares shards with the config (`check_shards`).
 """
 
 import contextlib
@@ -347,7 +352,8 @@ class _Checker:
     data = self.data
     rel = self._try(release_lib.Release, data.dir, data.get('collection') or None,
                     data.get('visual_feature') or None, data.get('text_feature', 'roberta'),
-                    skip_bad_items=True, errors=(FileNotFoundError, release_lib.DataError, ValueError))
+                    skip_bad_items=True,
+                    errors=(FileNotFoundError, release_lib.DataError, ValueError))
     if rel is _FAILED:
       return False
     self.rel = rel
