@@ -289,6 +289,12 @@ def shared_videos(videos_of: Mapping[str, Sequence[str]], train_split: str = 'tr
   return {name: ids for name, ids in shared.items() if ids}
 
 
+def h5_shape(h5: h5py.File, key: str) -> tuple[int, ...] | None:
+  """Shape of the dataset `key` of an open HDF5 file, or None when it is absent (or a group)."""
+  ds = h5.get(key)
+  return ds.shape if isinstance(ds, h5py.Dataset) else None
+
+
 class H5Features:
   """One HDF5 dataset per id; the file is opened lazily (and again in a forked process)."""
 
@@ -334,8 +340,7 @@ class H5Features:
 
   def shape_or_none(self, key: str) -> tuple[int, ...] | None:
     """Shape of `key`'s dataset, or None when it is absent (one HDF5 lookup)."""
-    ds = self._h5().get(key)
-    return ds.shape if isinstance(ds, h5py.Dataset) else None
+    return h5_shape(self._h5(), key)
 
   def read(self, key: str) -> np.ndarray:
     """The stored array of `key`, in its stored dtype."""
