@@ -210,6 +210,14 @@ def read_video2frames(path: str) -> dict[str, list[str]]:
   return mapping
 
 
+def check_unique(seen: dict[str, int], key: str, line: int, where: str, what: str) -> None:
+  """Records the line of `key` in `seen`; raises `where: <what with the key> (first on line
+  n)` when it was seen before (ids of caption and annotation files)."""
+  if key in seen:
+    raise DataError(f'{where}: {what.format(short(key))} (first on line {seen[key]})')
+  seen[key] = line
+
+
 def read_captions(path: str) -> list[tuple[str, str]]:
   """Reads a caption file: `[(cap_id, caption)]` in file order. Blank lines are ignored.
 
@@ -235,10 +243,7 @@ def read_captions(path: str) -> list[tuple[str, str]]:
     cap_id, caption = parts[0], parts[1].strip()
     if not video_id_of(cap_id):
       raise DataError(f'{path}:{lineno}: caption id {short(cap_id)} has an empty video id (before "#")')
-    if cap_id in first_line:
-      raise DataError(f'{path}:{lineno}: duplicate caption id {short(cap_id)} '
-                      f'(first on line {first_line[cap_id]})')
-    first_line[cap_id] = lineno
+    check_unique(first_line, cap_id, lineno, f'{path}:{lineno}', 'duplicate caption id {}')
     items.append((cap_id, caption))
   if not items:
     raise DataError(f'{path}: no captions')

@@ -139,14 +139,6 @@ def _require(path: str, what: str) -> str:
   return path
 
 
-def _once(seen: dict[str, int], key: str, line: int, where: str, what: str) -> None:
-  """Records the line of `key`; raises `where: <what with the key> (first on line n)` when it
-  was seen before."""
-  if key in seen:
-    raise DataError(f'{where}: {what.format(short(key))} (first on line {seen[key]})')
-  seen[key] = line
-
-
 def _open_text(path: str) -> io.TextIOWrapper:
   return open(path, encoding='utf-8', newline='')
 
@@ -232,7 +224,7 @@ def read_msrvtt(annotation_dir: str, split: str, train_file: str = '9k') -> Text
     for line, row in _csv_table(csv_path, ['video_id'], 'MSR-VTT train videos'):
       vid = row['video_id'].strip()
       check_id(vid, 'video id', f'{csv_path}:{line}', video=True)
-      _once(line_of, vid, line, f'{csv_path}:{line}', 'duplicate video id {}')
+      release_lib.check_unique(line_of, vid, line, f'{csv_path}:{line}', 'duplicate video id {}')
       video_ids.append(vid)
     by_video: dict[str, list[tuple[str, str, str]]] = {v: [] for v in video_ids}
     for sen_id, vid, caption in _msrvtt_sentences(json_path):
@@ -259,7 +251,7 @@ def read_msrvtt(annotation_dir: str, split: str, train_file: str = '9k') -> Text
       check_id(vid, 'video id', where, video=True)
       if not text.strip():
         raise DataError(f'{where}: caption {short(key)} has an empty sentence')
-      _once(line_of, key, line, where, 'duplicate key {}')
+      release_lib.check_unique(line_of, key, line, where, 'duplicate key {}')
       captions.append((key, vid, text))
     video_ids = list(dict.fromkeys(v for _, v, _ in captions))
     return TextVideoSplit('msrvtt', 'test', video_ids, captions,
@@ -310,8 +302,8 @@ def read_didemo(annotation_dir: str, split: str) -> TextVideoSplit:
                       f'{list(DIDEMO_SPAN)} (every row of the shipped files) are supported')
     if not row['text'].strip():
       raise DataError(f'{where}: video {short(vid)} has an empty text')
-    _once(line_of, vid, line, where, 'video {} again')
-    _once(cap_line, cap_id, line, where, 'duplicate data id {}')
+    release_lib.check_unique(line_of, vid, line, where, 'video {} again')
+    release_lib.check_unique(cap_line, cap_id, line, where, 'duplicate data id {}')
     video_files[vid] = file_name
     captions.append((cap_id, vid, row['text']))
   if not captions:
@@ -357,7 +349,7 @@ def read_lsmdc(annotation_dir: str, split: str) -> TextVideoSplit:
       continue
     if not caption.strip():
       raise DataError(f'{where}: clip {short(clip_id)} has an empty sentence')
-    _once(line_of, clip_id, lineno, where, 'duplicate clip id {}')
+    release_lib.check_unique(line_of, clip_id, lineno, where, 'duplicate clip id {}')
     captions.append((clip_id, clip_id, caption))
   if not captions:
     raise DataError(f'{path}: no clips')
