@@ -16,6 +16,7 @@ annotations read end to end):
 * ids: every caption's video in `video2frames.txt` (or the CLIP video file), every frame id
   of a video in the BigFile, every caption in the query feature file; ids no split uses are
   noted; a training split sharing videos with another split;
+* moments files: parsed, and covering every caption of their split (`split_moments`);
 * full check only: every stored value finite (each feature row / array read once), and a
   content checksum of every file, recorded so that a later run says what changed.
 
@@ -26,6 +27,10 @@ files sha256 of their datasets (name, dtype, shape, values, in name order), comp
 same pass that checks the values. They are recorded in `<collection folder>/prvr_checksums.json`
 (or `--record=PATH`) on the first full check; later checks compare with the record, and
 `--update_record` replaces it. See docs/data_check.md.
+
+The one validator: `prvr-check`, training and `prvr-prepare` call `check_before_run`;
+`prepare` checks moments (`split_moments`) and split overlap (`check_split_overlaps`) here;
+`run_data` compares shards with the config (`check_shards`).
 """
 
 import contextlib
@@ -86,6 +91,11 @@ class Report:
     return not self.problems
 
   @property
+  def published(self) -> dict[str, catalogue.Count]:
+    """Split -> published counts of the catalogue entry (empty without one)."""
+    return self.expected.split_counts if self.expected is not None else {}
+
+  @property
   def verdict(self) -> str:
     if self.problems:
       return f'VERDICT: PROBLEMS ({len(self.problems)})'
@@ -103,9 +113,8 @@ class Report:
     if self.expected is not None:
       lines.append(f'  catalogue: {self.expected.name} ({self.expected.title}); figures: '
                    f'{self.expected.sources}')
-    published = self.expected.split_counts if self.expected is not None else {}
     for name, c in self.counts.items():
-      p = published.get(name)
+      p = self.published.get(name)
       against = f' (published {p.videos:,} / {p.captions:,})' if p else ''
       lines.append(f'  {name}: {c.videos:,} videos, {c.captions:,} captions{against}')
     if self.expected is not None and self.expected.total is not None:
@@ -192,6 +201,50 @@ def check_shards(shards: Any, config: Any) -> None:
                        'data you mean, or point config.data.dir to the right data')
 
 
+def config_splits(data: Any) -> list[str]:
+  """The splits `config.data` names (train, val, test; each once, empty names left out)."""
+  return list(dict.fromkeys(data.get(k) for k in ('train_split', 'val_split', 'test_split')
+                            if data.get(k)))
+
+
+def split_moments(rel: release_lib.Release, split: release_lib.ReleaseSplit
+                  ) -> dict[str, tuple[float, float, float]]:
+  """The split's moments (empty when it has no moments file), read with
+  `release.read_moments`; raises `release.DataError` when the file leaves captions out (the
+  moment-to-video metrics need every caption)."""
+  path = rel.layout.moments_path(split.name)
+  if not os.path.isfile(path):
+    return {}
+  moments = release_lib.read_moments(path)
+  missing = [c for c in split.caption_ids if c not in moments]
+  if moments and missing:
+    raise release_lib.DataError(
+        f'{path} gives moments for {len(split.caption_ids) - len(missing)} of the '
+        f'{len(split.caption_ids)} captions of split {split.name!r} (first without: '
+        f'{short(missing[0])}); the moment-to-video metrics need every caption: complete the '
+        'file, or remove it to evaluate without them.')
+  return moments
+
+
+def check_split_overlaps(collection_dir: str, overlaps: dict[str, dict[str, Any]],
+                         allow: bool) -> None:
+  """Raises `shard_format.ShardError` on videos the training split shares with other splits
+  (`overlaps`: 'train&test' -> {'videos': count, 'first': ids}, as `prepare.split_overlaps`
+  records them), or, with `allow` (config.data.allow_split_overlap), logs a warning."""
+  if not overlaps:
+    return
+  described = '; '.join(f'{pair}: {o["videos"]} videos, e.g. {short(o["first"])}'
+                        for pair, o in overlaps.items())
+  if not allow:
+    raise shard_format.ShardError(
+        f'{collection_dir}: the training split shares videos with other '
+        f'splits ({described}): evaluating on videos seen in training leaks the test set. '
+        'Fix the caption files, or set config.data.allow_split_overlap=True to accept it '
+        'knowingly (it is then recorded in the manifest and warned about).')
+  _log.warning('%s: overlapping splits accepted (allow_split_overlap): %s', collection_dir,
+               described)
+
+
 # ----------------------------------------------------------------------------- checking
 
 
@@ -205,6 +258,9 @@ def _quiet_release_log() -> Iterator[None]:
     yield
   finally:
     logger.setLevel(level)
+
+
+_FAILED = object()  # what `_Checker._try` returns when the call raised
 
 
 def _derived(reason: str) -> bool:
@@ -270,38 +326,50 @@ class _Checker:
         reader.close()
     return report
 
+  def _try(self, fn: Any, *args: Any, errors: tuple[type[Exception], ...] = (
+      release_lib.DataError,), **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, or `_FAILED` with the error it raised recorded as a problem."""
+    try:
+      return fn(*args, **kwargs)
+    except errors as e:
+      self.report.problem(str(e))
+      return _FAILED
+
+  def _count(self, name: str, found: catalogue.Count, where: str) -> None:
+    """Records a split's counts; a problem (naming `where`) when they differ from the
+    published ones."""
+    self.report.counts[name] = found
+    want, expected = self.report.published.get(name), self.expected
+    if want is not None and found != want:
+      self.report.problem(f'{where} has {found.videos:,} videos and {found.captions:,} '
+                          f'captions, {expected.name} has {want.videos:,} / '
+                          f'{want.captions:,} ({expected.sources})')
+
   # ---- the release, metadata only
 
   def _open(self) -> bool:
     """Opens the release and its readers; False when nothing further can be checked."""
-    data, report = self.data, self.report
-    try:
-      self.rel = release_lib.Release(
-          data.dir, data.get('collection') or None, data.get('visual_feature') or None,
-          data.get('text_feature', 'roberta'), skip_bad_items=True)
-    except (FileNotFoundError, release_lib.DataError, ValueError) as e:
-      report.problem(str(e))
+    data = self.data
+    rel = self._try(release_lib.Release, data.dir, data.get('collection') or None,
+                    data.get('visual_feature') or None, data.get('text_feature', 'roberta'),
+                    skip_bad_items=True,
+                    errors=(FileNotFoundError, release_lib.DataError, ValueError))
+    if rel is _FAILED:
       return False
-    rel = self.rel
-    report.target = rel.layout.collection_dir
+    self.rel = rel
+    self.report.target = rel.layout.collection_dir
     opened = True
-    if rel.is_clip:
-      readers = [rel.clip_videos, rel.queries]
-    else:
-      readers = [rel.queries]
-      for name in ('bigfile', 'video2frames'):
-        try:
-          setattr(self, name, getattr(rel, name))
-        except release_lib.DataError as e:  # truncated feature.bin, bad id.txt, shape.txt, ...
-          report.problem(str(e))
-          opened = False
+    readers = [rel.clip_videos, rel.queries] if rel.is_clip else [rel.queries]
+    if not rel.is_clip:
+      for name in ('bigfile', 'video2frames'):  # truncated feature.bin, bad id.txt, shape.txt, ...
+        value = self._try(getattr, rel, name)
+        setattr(self, name, None if value is _FAILED else value)
+        opened = opened and value is not _FAILED
     for reader in readers:
-      try:
-        reader.keys()
-        self.readers[reader.path] = reader
-      except release_lib.DataError as e:
-        report.problem(str(e))
+      if self._try(reader.keys) is _FAILED:
         opened = False
+      else:
+        self.readers[reader.path] = reader
     return opened
 
   def _split_names(self) -> list[str]:
@@ -309,9 +377,7 @@ class _Checker:
     names = list(self.rel.splits)
     if self.expected is not None:
       names += [s for s, _ in self.expected.splits]
-    names += [self.data.get(k) for k in ('train_split', 'val_split', 'test_split')
-              if self.data.get(k)]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(names + config_splits(self.data)))
 
   def _check_release(self) -> None:
     report, expected = self.report, self.expected
@@ -324,43 +390,36 @@ class _Checker:
         path = os.path.join(rel.layout.collection_dir, name)
         if not os.path.isfile(path):
           report.problem(f'{path}: missing (a file of {expected.name})')
-    published = expected.split_counts if expected is not None else {}
     videos_of: dict[str, list[str]] = {}
-    captions_of: dict[str, list[str]] = {}
+    captions: set[str] = set()
     for name in self._split_names():
       path = rel.layout.caption_path(name)
       if not os.path.isfile(path):
         report.problem(f'{path}: missing (caption file of split {name!r})')
         continue
-      try:
-        captions = release_lib.read_captions(path)
-      except release_lib.DataError as e:
-        report.problem(str(e))
+      rows = self._try(release_lib.read_captions, path)
+      if rows is _FAILED:
         continue
-      videos_of[name] = release_lib.video_ids_in_order(captions)
-      captions_of[name] = [c for c, _ in captions]
-      found = report.counts[name] = catalogue.Count(len(videos_of[name]), len(captions))
-      want = published.get(name)
-      if want is not None and found != want:
-        report.problem(f'{path}: split {name!r} has {found.videos:,} videos and '
-                       f'{found.captions:,} captions, {expected.name} has {want.videos:,} / '
-                       f'{want.captions:,} ({expected.sources})')
+      videos_of[name] = release_lib.video_ids_in_order(rows)
+      captions.update(c for c, _ in rows)
+      self._count(name, catalogue.Count(len(videos_of[name]), len(rows)),
+                  f'{path}: split {name!r}')
       if readers_ok:
         self._check_split(name)
+    videos = {v for vs in videos_of.values() for v in vs}
     self._check_dims()
-    self._check_totals(videos_of, captions_of)
+    self._check_totals(list(videos_of), catalogue.Count(len(videos), len(captions)))
     self._check_overlap(videos_of)
     if readers_ok:
-      self._note_unused(videos_of, captions_of)
+      self._note_unused(videos, captions)
 
   def _check_split(self, name: str) -> None:
     """Every video and caption of a split, from metadata (the reader's own validation)."""
     report = self.report
-    try:
-      split = self.rel.split(name)
-    except release_lib.DataError as e:  # every item bad
-      report.problem(str(e))
+    split = self._try(self.rel.split, name)  # raises when every item is bad
+    if split is _FAILED:
       return
+    self._try(split_moments, self.rel, split)
     for _, reason in split.skipped:
       if not _derived(reason):
         report.problem(reason)
@@ -391,16 +450,15 @@ class _Checker:
         report.problem(f'{sources[kind]}: {kind} feature dim {actual}, but '
                        + ' and '.join(wrong))
 
-  def _check_totals(self, videos_of: dict[str, list[str]],
-                    captions_of: dict[str, list[str]]) -> None:
+  def _check_totals(self, splits: list[str], found: catalogue.Count) -> None:
+    """The distinct videos and captions of the caption files read (`splits`) against the
+    published total."""
     total = self.expected.total if self.expected is not None else None
-    if total is None or not videos_of:
+    if total is None or not splits:
       return
-    found = catalogue.Count(len({v for vs in videos_of.values() for v in vs}),
-                            len({c for cs in captions_of.values() for c in cs}))
     if found != total:
       self.report.problem(
-          f'{self.rel.layout.text_dir}: the caption files ({", ".join(videos_of)}) hold '
+          f'{self.rel.layout.text_dir}: the caption files ({", ".join(splits)}) hold '
           f'{found.videos:,} distinct videos and {found.captions:,} captions, '
           f'{self.expected.name} has {total.videos:,} / {total.captions:,} in all '
           f'({self.expected.sources})')
@@ -415,12 +473,9 @@ class _Checker:
           f'video(s) with the training split {train!r}, e.g. {short(shared[0])} (test '
           'leakage; config.data.allow_split_overlap=True accepts it)')
 
-  def _note_unused(self, videos_of: dict[str, list[str]],
-                   captions_of: dict[str, list[str]]) -> None:
+  def _note_unused(self, videos: set[str], captions: set[str]) -> None:
     """Stored ids no caption file uses (not an error: releases may hold more)."""
     rel, report = self.rel, self.report
-    videos = {v for vs in videos_of.values() for v in vs}
-    captions = {c for cs in captions_of.values() for c in cs}
     stored = [(rel.queries.path, 'caption', rel.queries.keys(), captions)]
     if rel.is_clip:
       stored.append((rel.clip_videos.path, 'video', rel.clip_videos.keys(), videos))
@@ -589,7 +644,7 @@ class _Checker:
   # ---- annotations and frame folders (config.data.source='frames')
 
   def _check_frames(self) -> None:
-    data, report, expected = self.data, self.report, self.expected
+    data, report = self.data, self.report
     missing = [f for f in ('annotations', 'frames_dir') if not data.get(f)]
     if missing:
       report.problem('config.data.source=frames needs ' + ' and '.join(
@@ -600,24 +655,15 @@ class _Checker:
                         'images are not decoded or checksummed')
     # Imported here: it imports TensorFlow.
     from prvr_jax.data import frames as frames_lib  # pylint: disable=g-import-not-at-top
-    try:
-      splits = text_video.read_splits(data.collection, data.annotations)
-    except (FileNotFoundError, release_lib.DataError, ValueError) as e:
-      report.problem(str(e))
+    splits = self._try(text_video.read_splits, data.collection, data.annotations,
+                       errors=(FileNotFoundError, release_lib.DataError, ValueError))
+    if splits is _FAILED:
       return
-    published = expected.split_counts if expected is not None else {}
     for name, split in splits.items():
-      found = report.counts[name] = catalogue.Count(len(split.video_ids), len(split.captions))
-      want = published.get(name)
-      if want is not None and found != want:
-        report.problem(f'{split.source}: split {name!r} ({split.dataset} {split.name}) has '
-                       f'{found.videos:,} videos and {found.captions:,} captions, '
-                       f'{expected.name} has {want.videos:,} / {want.captions:,} '
-                       f'({expected.sources})')
+      self._count(name, catalogue.Count(len(split.video_ids), len(split.captions)),
+                  f'{split.source}: split {name!r} ({split.dataset} {split.name})')
     videos = dict.fromkeys(v for s in splits.values() for v in s.video_ids)
     for v in tqdm.tqdm(videos, desc='frame folders', unit='video', disable=not report.full,
                        file=sys.stderr):
-      try:
-        frames_lib.list_frame_files(os.path.join(data.frames_dir, v), v)
-      except (FileNotFoundError, release_lib.DataError) as e:
-        report.problem(str(e))
+      self._try(frames_lib.list_frame_files, os.path.join(data.frames_dir, v), v,
+                errors=(FileNotFoundError, release_lib.DataError))

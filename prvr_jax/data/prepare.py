@@ -29,7 +29,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from tensorflow_datasets.core import writer as tfds_writer
 
 from prvr_jax import files
 from prvr_jax.files import short
+from prvr_jax.data import check
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 from prvr_jax.data.shard_format import FORMAT, FORMAT_VERSION, MANIFEST, ShardError
@@ -74,36 +74,6 @@ def shard_features() -> tfds.features.FeaturesDict:
       'spans': tfds.features.Tensor(shape=(None, 2), dtype=np.float32),
       'duration': tfds.features.Scalar(dtype=np.float32),
   })
-
-
-def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
-  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
-  moments = {}
-  with open(path, encoding='utf-8') as f:
-    for lineno, line in enumerate(f, 1):
-      parts = line.split()
-      if not parts:
-        continue
-      try:
-        if len(parts) != 4:
-          raise ValueError
-        start, end, duration = (float(v) for v in parts[1:])
-      except ValueError:
-        raise release_lib.DataError(
-            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {short(line.strip())}'
-        ) from None
-      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
-        raise release_lib.DataError(
-            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
-            f'got {start} {end} {duration}')
-      moments[parts[0]] = (start, end, duration)
-  return moments
-
-
-def split_moments(release: release_lib.Release, split: str) -> dict[str, tuple[float, float, float]]:
-  """The split's moments (empty when it has no moments file)."""
-  path = release.layout.moments_path(split)
-  return read_moments(path) if os.path.isfile(path) else {}
 
 
 def video_examples(split: release_lib.ReleaseSplit,
@@ -225,7 +195,7 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
 
   def _generate_examples(self, release: release_lib.Release, name: str):
     split = release.split(name)
-    yield from video_examples(split, split_moments(release, name))
+    yield from video_examples(split, check.split_moments(release, split))
 
 
 # ----------------------------------------------------------------------------- command line
@@ -269,17 +239,6 @@ def _written_counts(paths: Sequence[str]) -> list[tuple[list[int], list[int]]]:
       counts.append(int(tf.size(example['caption_order'].values)))
     out.append((orders, counts))
   return out
-
-
-def _check_moments(moments: dict, split: release_lib.ReleaseSplit, path: str) -> None:
-  """A moments file must cover every caption of its split (the M/V metrics need them all)."""
-  missing = [c for c in split.caption_ids if c not in moments]
-  if moments and missing:
-    raise release_lib.DataError(
-        f'{path} gives moments for {len(split.caption_ids) - len(missing)} of the '
-        f'{len(split.caption_ids)} captions of split {split.name!r} (first without: '
-        f'{short(missing[0])}); the moment-to-video metrics need every caption: complete the '
-        'file, or remove it to evaluate without them.')
 
 
 def split_overlaps(out_dir: str, manifest: dict[str, Any], train_split: str
@@ -420,8 +379,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
         manifest['complete'] = False
         files.write_json(manifest_path, manifest)
       split = release.split(name)
-      moments = split_moments(release, name)
-      _check_moments(moments, split, release.layout.moments_path(name))
+      moments = check.split_moments(release, split)
       n = num_shards or _auto_num_shards(split, release)
       config = PrvrConfig(
           name=f'{release.collection}-{visual_feature or text_feature}-{name}',
@@ -463,20 +421,10 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       manifest['query_dim'] = split.query_dim
       files.write_json(manifest_path, manifest)
 
-    overlaps = split_overlaps(out_dir, manifest, train_split)
-    manifest['split_overlaps'] = overlaps
-    if overlaps:
-      described = '; '.join(f'{pair}: {o["videos"]} videos, e.g. {short(o["first"])}'
-                            for pair, o in overlaps.items())
-      if not allow_split_overlap:
-        files.write_json(manifest_path, manifest)
-        raise ShardError(
-            f'{release.layout.collection_dir}: the training split shares videos with other '
-            f'splits ({described}): evaluating on videos seen in training leaks the test set. '
-            'Fix the caption files, or set config.data.allow_split_overlap=True to accept it '
-            'knowingly (it is then recorded in the manifest and warned about).')
-      _log.warning('%s: overlapping splits accepted (allow_split_overlap): %s',
-                   release.layout.collection_dir, described)
+    manifest['split_overlaps'] = split_overlaps(out_dir, manifest, train_split)
+    files.write_json(manifest_path, manifest)
+    check.check_split_overlaps(release.layout.collection_dir, manifest['split_overlaps'],
+                               allow_split_overlap)
     manifest['complete'] = True
     files.write_json(manifest_path, manifest)
     return manifest_path
@@ -485,11 +433,10 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
 def prepare_from_config(config, out_dir: str, num_shards: int = 0) -> str:
   """`prepare_shards` for `config.data.dir` with the settings of an ml_collections config."""
   data, model = config.data, config.model
-  splits = [data.get(k) for k in ('train_split', 'val_split', 'test_split') if data.get(k)]
   return prepare_shards(
       data.dir, out_dir, collection=data.get('collection') or None,
       visual_feature=data.get('visual_feature') or None,
-      text_feature=data.get('text_feature', 'roberta'), splits=list(dict.fromkeys(splits)),
+      text_feature=data.get('text_feature', 'roberta'), splits=check.config_splits(data),
       num_clips=model.get('num_clips', preprocess.NUM_CLIPS),
       max_frames=model.get('max_frames', preprocess.MAX_FRAMES),
       max_query_len=model.get('max_query_len', preprocess.MAX_QUERY_LEN),

@@ -23,6 +23,7 @@ fault. `skip_bad_items=True` skips bad videos / captions instead, records each o
 
 import ast
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -209,6 +210,14 @@ def read_video2frames(path: str) -> dict[str, list[str]]:
   return mapping
 
 
+def check_unique(seen: dict[str, int], key: str, line: int, where: str, what: str) -> None:
+  """Records the line of `key` in `seen`; raises `where: <what with the key> (first on line
+  n)` when it was seen before (ids of caption and annotation files)."""
+  if key in seen:
+    raise DataError(f'{where}: {what.format(short(key))} (first on line {seen[key]})')
+  seen[key] = line
+
+
 def read_captions(path: str) -> list[tuple[str, str]]:
   """Reads a caption file: `[(cap_id, caption)]` in file order. Blank lines are ignored.
 
@@ -234,14 +243,35 @@ def read_captions(path: str) -> list[tuple[str, str]]:
     cap_id, caption = parts[0], parts[1].strip()
     if not video_id_of(cap_id):
       raise DataError(f'{path}:{lineno}: caption id {short(cap_id)} has an empty video id (before "#")')
-    if cap_id in first_line:
-      raise DataError(f'{path}:{lineno}: duplicate caption id {short(cap_id)} '
-                      f'(first on line {first_line[cap_id]})')
-    first_line[cap_id] = lineno
+    check_unique(first_line, cap_id, lineno, f'{path}:{lineno}', 'duplicate caption id {}')
     items.append((cap_id, caption))
   if not items:
     raise DataError(f'{path}: no captions')
   return items
+
+
+def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
+  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
+  moments = {}
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, 1):
+      parts = line.split()
+      if not parts:
+        continue
+      try:
+        if len(parts) != 4:
+          raise ValueError
+        start, end, duration = (float(v) for v in parts[1:])
+      except ValueError:
+        raise DataError(
+            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {short(line.strip())}'
+        ) from None
+      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
+        raise DataError(
+            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
+            f'got {start} {end} {duration}')
+      moments[parts[0]] = (start, end, duration)
+  return moments
 
 
 def video_ids_in_order(captions: Iterable[tuple[str, str]]) -> list[str]:
@@ -262,6 +292,12 @@ def shared_videos(videos_of: Mapping[str, Sequence[str]], train_split: str = 'tr
   shared = {name: [v for v in videos if v in train]
             for name, videos in videos_of.items() if name != train_split}
   return {name: ids for name, ids in shared.items() if ids}
+
+
+def h5_shape(h5: h5py.File, key: str) -> tuple[int, ...] | None:
+  """Shape of the dataset `key` of an open HDF5 file, or None when it is absent (or a group)."""
+  ds = h5.get(key)
+  return ds.shape if isinstance(ds, h5py.Dataset) else None
 
 
 class H5Features:
@@ -309,8 +345,7 @@ class H5Features:
 
   def shape_or_none(self, key: str) -> tuple[int, ...] | None:
     """Shape of `key`'s dataset, or None when it is absent (one HDF5 lookup)."""
-    ds = self._h5().get(key)
-    return ds.shape if isinstance(ds, h5py.Dataset) else None
+    return h5_shape(self._h5(), key)
 
   def read(self, key: str) -> np.ndarray:
     """The stored array of `key`, in its stored dtype."""
@@ -472,7 +507,6 @@ class Release:
       expected = ', '.join(self.layout.caption_path(s) for s in _SPLIT_ORDER)
       raise FileNotFoundError(f'no caption files in {self.layout.text_dir}; expected {expected}')
     _require_files(self.layout.feature_files(), f'release {collection_dir} ({text_feature} layout)')
-    self._bigfile = self._video2frames = self._clip_videos = self._queries = None
     self._splits: dict[str, ReleaseSplit] = {}
 
   @property
@@ -489,39 +523,32 @@ class Release:
 
   # Shared readers, opened on first use.
 
-  @property
+  @functools.cached_property
   def bigfile(self) -> BigFile:
-    if self._bigfile is None:
-      self._bigfile = BigFile(self.layout.feature_dir)
-      if self.expected_visual_dim is not None and self._bigfile.dim != self.expected_visual_dim:
-        raise _dim_error('config.model.visual_dim', self.expected_visual_dim, self._bigfile.dim,
-                         os.path.join(self._bigfile.folder, 'shape.txt'))
-    return self._bigfile
+    bigfile = BigFile(self.layout.feature_dir)
+    if self.expected_visual_dim is not None and bigfile.dim != self.expected_visual_dim:
+      raise _dim_error('config.model.visual_dim', self.expected_visual_dim, bigfile.dim,
+                       os.path.join(bigfile.folder, 'shape.txt'))
+    return bigfile
 
-  @property
+  @functools.cached_property
   def video2frames(self) -> dict[str, list[str]]:
-    if self._video2frames is None:
-      self._video2frames = read_video2frames(self.layout.video2frames_path)
-    return self._video2frames
+    return read_video2frames(self.layout.video2frames_path)
 
-  @property
+  @functools.cached_property
   def clip_videos(self) -> ClipVideoFeatures:
-    if self._clip_videos is None:
-      self._clip_videos = ClipVideoFeatures(self.layout.clip_video_feature_path)
-    return self._clip_videos
+    return ClipVideoFeatures(self.layout.clip_video_feature_path)
 
-  @property
+  @functools.cached_property
   def queries(self) -> H5Features:
-    if self._queries is None:
-      cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
-      self._queries = cls(self.layout.query_feature_path)
-    return self._queries
+    cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
+    return cls(self.layout.query_feature_path)
 
   def close(self) -> None:
-    """Closes the HDF5 files (they reopen on the next read)."""
-    for reader in (self._clip_videos, self._queries):
-      if reader is not None:
-        reader.close()
+    """Closes the HDF5 files that were opened (they reopen on the next read)."""
+    for name in ('clip_videos', 'queries'):
+      if name in self.__dict__:
+        self.__dict__[name].close()
 
   def __enter__(self) -> 'Release':
     return self
@@ -679,12 +706,7 @@ class ReleaseSplit:
         return (f'video {short(video_id)}: frame id {short(absent[0])} ({len(absent)} of {len(frames)} frames) '
                 f'is not in BigFile {rel.bigfile.folder}')
       dim, source = rel.bigfile.dim, rel.bigfile.folder
-    if self._visual_dim is None:
-      self._visual_dim = dim
-    elif dim != self._visual_dim:
-      flag = 'config.model.visual_dim' if rel.expected_visual_dim is not None else 'the first video\'s dim'
-      return f'video {short(video_id)} has feature dim {dim} in {source} but {flag} is {self._visual_dim}'
-    return None
+    return self._same_dim('video', video_id, dim, source)
 
   def _check_caption(self, cap_id: str) -> str | None:
     rel = self.release
@@ -700,12 +722,19 @@ class ReleaseSplit:
               'layout holds one sentence vector per caption ([Dq] or [1, Dq])')
     if math.prod(shape) > MAX_FEATURE_ELEMENTS:
       return _too_large('caption', cap_id, shape, path)
-    dim = shape[-1]
-    if self._query_dim is None:
-      self._query_dim = dim
-    elif dim != self._query_dim:
-      flag = 'config.model.query_dim' if rel.expected_query_dim is not None else 'the first caption\'s dim'
-      return f'caption {short(cap_id)} has feature dim {dim} in {path} but {flag} is {self._query_dim}'
+    return self._same_dim('caption', cap_id, shape[-1], path)
+
+  def _same_dim(self, kind: str, item_id: str, dim: int, source: str) -> str | None:
+    """Keeps the first dim of a `kind` ('video' / 'caption'), or returns the problem of an
+    item whose dim differs from config.model.{visual,query}_dim or the first item's."""
+    which = 'visual' if kind == 'video' else 'query'
+    want = getattr(self, f'_{which}_dim')
+    if want is None:
+      setattr(self, f'_{which}_dim', dim)
+    elif dim != want:
+      flag = (f'config.model.{which}_dim' if getattr(self.release, f'expected_{which}_dim')
+              is not None else f'the first {kind}\'s dim')
+      return f'{kind} {short(item_id)} has feature dim {dim} in {source} but {flag} is {want}'
     return None
 
   def _check_values(self, item_id: str, read) -> str | None:
@@ -898,7 +927,7 @@ class ReleaseWriter:
 
   def write_moments(self, split: str, rows: Iterable[tuple[str, float, float, float]]) -> None:
     """`TextData/<collection><split>.moments.txt`: `<cap_id> <start> <end> <duration>` lines
-    (seconds, written exactly: `repr`), read by `prepare.read_moments`."""
+    (seconds, written exactly: `repr`), read by `read_moments`."""
     with open(self.layout.moments_path(split), 'w', encoding='utf-8') as f:
       for cap_id, start, end, duration in rows:
         f.write(f'{cap_id} {start!r} {end!r} {duration!r}\n')

@@ -224,10 +224,7 @@ def read_msrvtt(annotation_dir: str, split: str, train_file: str = '9k') -> Text
     for line, row in _csv_table(csv_path, ['video_id'], 'MSR-VTT train videos'):
       vid = row['video_id'].strip()
       check_id(vid, 'video id', f'{csv_path}:{line}', video=True)
-      if vid in line_of:
-        raise DataError(f'{csv_path}:{line}: duplicate video id {short(vid)} (first on line '
-                        f'{line_of[vid]})')
-      line_of[vid] = line
+      release_lib.check_unique(line_of, vid, line, f'{csv_path}:{line}', 'duplicate video id {}')
       video_ids.append(vid)
     by_video: dict[str, list[tuple[str, str, str]]] = {v: [] for v in video_ids}
     for sen_id, vid, caption in _msrvtt_sentences(json_path):
@@ -254,9 +251,7 @@ def read_msrvtt(annotation_dir: str, split: str, train_file: str = '9k') -> Text
       check_id(vid, 'video id', where, video=True)
       if not text.strip():
         raise DataError(f'{where}: caption {short(key)} has an empty sentence')
-      if key in line_of:
-        raise DataError(f'{where}: duplicate key {short(key)} (first on line {line_of[key]})')
-      line_of[key] = line
+      release_lib.check_unique(line_of, key, line, where, 'duplicate key {}')
       captions.append((key, vid, text))
     video_ids = list(dict.fromkeys(v for _, v, _ in captions))
     return TextVideoSplit('msrvtt', 'test', video_ids, captions,
@@ -307,12 +302,8 @@ def read_didemo(annotation_dir: str, split: str) -> TextVideoSplit:
                       f'{list(DIDEMO_SPAN)} (every row of the shipped files) are supported')
     if not row['text'].strip():
       raise DataError(f'{where}: video {short(vid)} has an empty text')
-    if vid in line_of:
-      raise DataError(f'{where}: video {short(vid)} again (first on line {line_of[vid]})')
-    if cap_id in cap_line:
-      raise DataError(f'{where}: duplicate data id {short(cap_id)} (first on line '
-                      f'{cap_line[cap_id]})')
-    line_of[vid], cap_line[cap_id] = line, line
+    release_lib.check_unique(line_of, vid, line, where, 'video {} again')
+    release_lib.check_unique(cap_line, cap_id, line, where, 'duplicate data id {}')
     video_files[vid] = file_name
     captions.append((cap_id, vid, row['text']))
   if not captions:
@@ -358,10 +349,7 @@ def read_lsmdc(annotation_dir: str, split: str) -> TextVideoSplit:
       continue
     if not caption.strip():
       raise DataError(f'{where}: clip {short(clip_id)} has an empty sentence')
-    if clip_id in line_of:
-      raise DataError(f'{where}: duplicate clip id {short(clip_id)} (first on line '
-                      f'{line_of[clip_id]})')
-    line_of[clip_id] = lineno
+    release_lib.check_unique(line_of, clip_id, lineno, where, 'duplicate clip id {}')
     captions.append((clip_id, clip_id, caption))
   if not captions:
     raise DataError(f'{path}: no clips')

@@ -44,17 +44,12 @@ def _open_h5(path: str, what: str) -> h5py.File:
     raise DataError(f'{path}: cannot open as HDF5 ({e}) [{what}]') from None
 
 
-def _shape(h5: h5py.File, key: str) -> tuple[int, ...] | None:
-  ds = h5.get(key)
-  return ds.shape if isinstance(ds, h5py.Dataset) else None
-
-
 def _check_features(h5: h5py.File, ids: Sequence[str], kind: str, dim: int, frames: bool
                     ) -> None:
   """Raises listing ids absent from `h5` (metadata only), or naming one of a wrong shape."""
   missing = []
   for i in ids:
-    shape = _shape(h5, i)
+    shape = release_lib.h5_shape(h5, i)
     if shape is None:
       missing.append(i)
       continue

@@ -144,6 +144,18 @@ def test_wrong_split_count(tvr, tmp_path):
   _only_problem(report, os.path.join(tvr, 'TextData'), '4 distinct videos and 5 captions')
 
 
+def test_moments_file_leaving_captions_out(tvr, tmp_path):
+  """The moments check `prepare` runs (`check.split_moments`) is part of the cheap check."""
+  path = os.path.join(tvr, 'TextData', 'tvrtrain.moments.txt')
+  with open(path, 'w') as f:
+    f.write('v0#0 0 1 5\nv0#1 1 2 5\n')
+  _only_problem(check.cheap_check(_config(tmp_path), _tiny()), path,
+                "moments for 2 of the 3 captions of split 'train' (first without: 'v1#0')")
+  with open(path, 'a') as f:
+    f.write('v1#0 3 2 5\n')
+  _only_problem(check.cheap_check(_config(tmp_path), _tiny()), f'{path}:3')
+
+
 def test_dims_mismatch(tvr, tmp_path):
   report = check.cheap_check(_config(tmp_path), _tiny(visual_dim=7))
   _only_problem(report, os.path.join(tvr, 'FeatureData', 'i3d_resnet', 'shape.txt'),

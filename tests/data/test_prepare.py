@@ -227,13 +227,6 @@ def test_moments_of_some_captions_only_are_refused(tmp_path):
     prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
 
 
-def test_bad_moments_file_names_the_line(tmp_path):
-  path = tmp_path / 'x.moments.txt'
-  path.write_text('a#0 0 1 5\na#1 3 2 5\n')
-  with pytest.raises(release_lib.DataError, match=r'x\.moments\.txt:2'):
-    prepare.read_moments(str(path))
-
-
 def test_tfds_builder_with_manual_dir(tmp_path):
   spec = synthetic.SIZES['tiny']
   data = synthetic.generate(spec, seed=3)

@@ -108,16 +108,16 @@ def test_counts_and_caption_files(built):
 def test_moments_are_shifted_by_the_preceding_segments(built):
   out, _, _ = built
   text = os.path.join(out, 'qvhighlights', 'TextData')
-  moments = prepare.read_moments(os.path.join(text, 'qvhighlightstrain.moments.txt'))
+  moments = release_lib.read_moments(os.path.join(text, 'qvhighlightstrain.moments.txt'))
   # ab_c-1: segment 60 (75 clips, 150 s) then segment 210 (65 clips, 130 s) -> 280 s.
   assert moments == {'ab_c-1#1': (160.0, 200.0, 280.0),  # [10, 20], [40, 50] + 150 s
                      'ab_c-1#2': (0.0, 150.0, 280.0),
                      'ab_c-1#4': (30.0, 32.0, 280.0),
                      'XyZ#3': (140.0, 144.0, 144.0)}  # cut at the end of its 72 clips
   # Vv1: the gap 210-360 in the source is closed; segment 360 starts at 150 s.
-  val = prepare.read_moments(os.path.join(text, 'qvhighlightsval.moments.txt'))
+  val = release_lib.read_moments(os.path.join(text, 'qvhighlightsval.moments.txt'))
   assert val == {'Vv1#10': (152.0, 154.0, 298.0), 'Vv1#11': (100.0, 148.0, 298.0)}
-  assert prepare.read_moments(os.path.join(text, 'qvhighlightstest.moments.txt')) == val
+  assert release_lib.read_moments(os.path.join(text, 'qvhighlightstest.moments.txt')) == val
 
 
 def test_frames_are_the_segments_clips_in_time_order(built):

@@ -458,3 +458,10 @@ def test_constructor_argument_errors(tvr):
     release.Release(root, 'tvr', 'i3d_resnet', 'bert')
   with pytest.raises(ValueError, match='needs visual_feature'):
     release.Release(root, 'tvr')
+
+
+def test_bad_moments_file_names_the_line(tmp_path):
+  path = tmp_path / 'x.moments.txt'
+  path.write_text('a#0 0 1 5\na#1 3 2 5\n')
+  with pytest.raises(DataError, match=r'x\.moments\.txt:2'):
+    release.read_moments(str(path))

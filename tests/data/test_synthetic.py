@@ -11,7 +11,6 @@ support.require_tensorflow()
 
 from prvr_jax import baselines
 from prvr_jax.data import pipeline
-from prvr_jax.data import prepare
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import synthetic
 
@@ -77,7 +76,7 @@ def test_mssl_layout_reads_back_with_moments(tmp_path):
   assert split.caption_ids == [c for c, _ in data['val'].captions]
   video_id = split.video_ids[0]
   np.testing.assert_array_equal(split.raw_video_features(video_id), data['val'].videos[video_id])
-  moments = prepare.read_moments(os.path.join(root, 'TextData', 'syntheticval.moments.txt'))
+  moments = release_lib.read_moments(os.path.join(root, 'TextData', 'syntheticval.moments.txt'))
   for cap_id, (start, end, duration) in data['val'].moments.items():
     # Seconds written as text and read back: relative to the video's duration.
     support.assert_close(moments[cap_id], (start, end, duration), rtol=1e-5, scale=duration)
