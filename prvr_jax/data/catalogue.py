@@ -163,8 +163,8 @@ def _entries() -> list[FeatureRelease]:
       2816, 512, _QVH,
       extra_files=tuple(f'TextData/qvhighlights{s}.moments.txt' for s in ('train', 'val', 'test')),
       sources='[ProtoPRVR]; dims 2304 + 512 and 512 (prvr_jax.data.qvhighlights)'))
-  # T-MASS: CLIP features written by `text_video_features.write_feature_release` (12 frames per video),
-  # or annotations and frame folders read end to end.
+  # T-MASS: CLIP features written by `text_video_features.write_feature_release` (12 frames
+  # per video), or annotations and frame folders read end to end.
   for collection, splits in (('msrvtt', _MSRVTT), ('didemo', _DIDEMO), ('lsmdc', _LSMDC)):
     title = _TMASS_TITLES[collection]
     out.append(FeatureRelease(

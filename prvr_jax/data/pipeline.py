@@ -131,24 +131,27 @@ def open_shards(path: str) -> ShardDataset:
   manifest_path = os.path.join(path, shard_format.MANIFEST)
   if not os.path.isfile(manifest_path):
     raise shard_format.ShardError(f'{manifest_path} does not exist: {path} is not a shard folder '
-                             '(write one with `prvr-prepare`)')
+                                  '(write one with `prvr-prepare`)')
   with open(manifest_path, encoding='utf-8') as f:
     try:
       manifest = json.load(f)
     except json.JSONDecodeError as e:
       raise shard_format.ShardError(f'{manifest_path} is not valid JSON: {e}') from None
-  if manifest.get('format') != shard_format.FORMAT or manifest.get('format_version') != shard_format.FORMAT_VERSION:
-    raise shard_format.ShardError(f'{manifest_path}: not a {shard_format.FORMAT} v{shard_format.FORMAT_VERSION} manifest')
+  if (manifest.get('format') != shard_format.FORMAT
+      or manifest.get('format_version') != shard_format.FORMAT_VERSION):
+    raise shard_format.ShardError(f'{manifest_path}: not a {shard_format.FORMAT} '
+                                  f'v{shard_format.FORMAT_VERSION} manifest')
   if not manifest.get('complete'):
     raise shard_format.ShardError(f'{manifest_path}: preparation did not finish; run '
-                             '`prvr-prepare` again with the same --out to finish it')
+                                  '`prvr-prepare` again with the same --out to finish it')
   try:
     return _shard_dataset(path, manifest, manifest_path)
   except (KeyError, TypeError, ValueError, AttributeError) as e:
     if isinstance(e, shard_format.ShardError):
       raise
-    raise shard_format.ShardError(f'{manifest_path} is malformed ({type(e).__name__}: '
-                             f'{short(str(e), quote=False)}); prepare the shards again') from None
+    raise shard_format.ShardError(
+        f'{manifest_path} is malformed ({type(e).__name__}: {short(str(e), quote=False)}); '
+        'prepare the shards again') from None
 
 
 def _inside(folder: str, relative: str, manifest_path: str) -> str:
@@ -156,7 +159,7 @@ def _inside(folder: str, relative: str, manifest_path: str) -> str:
   target = os.path.normpath(os.path.join(folder, relative))
   if os.path.isabs(relative) or os.path.commonpath([folder, target]) != folder:
     raise shard_format.ShardError(f'{manifest_path} lists a file outside its folder: '
-                             f'{short(relative)}')
+                                  f'{short(relative)}')
   return target
 
 
@@ -168,11 +171,13 @@ def _shard_dataset(path: str, manifest: dict[str, Any], manifest_path: str) -> S
                          d['num_captions'], d['bytes'], d['sha256']) for d in s['shards'])
     for shard in shards:
       if not os.path.isfile(shard.path):
-        raise shard_format.ShardError(f'shard {shard.path} (listed in {manifest_path}) is missing')
+        raise shard_format.ShardError(
+            f'shard {shard.path} (listed in {manifest_path}) is missing')
       size = os.path.getsize(shard.path)
       if size != shard.bytes:
-        raise shard_format.ShardError(f'shard {shard.path} has {size} bytes but {manifest_path} says '
-                                 f'{shard.bytes}: the file is corrupted or truncated')
+        raise shard_format.ShardError(
+            f'shard {shard.path} has {size} bytes but {manifest_path} says {shard.bytes}: the '
+            'file is corrupted or truncated')
     splits[name] = ShardSplit(
         name=name, shards=shards, num_videos=s['num_videos'], num_captions=s['num_captions'],
         max_captions_per_video=s['max_captions_per_video'],

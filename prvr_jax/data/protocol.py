@@ -210,10 +210,10 @@ class FeaturePairData(ShardData):
                       self.batching.batch_size)
 
   def train_batches(self, start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
-    pairs = text_video_features.feature_pairs(self.release_dir, self.collection,
-                                     self.batching.split('train'),
-                                     batch_size=self.batching.batch_size, shuffle=True,
-                                     seed=self.batching.seed, num_epochs=None)
+    pairs = text_video_features.feature_pairs(
+        self.release_dir, self.collection, self.batching.split('train'),
+        batch_size=self.batching.batch_size, shuffle=True, seed=self.batching.seed,
+        num_epochs=None)
     return global_pair_batches(
         ({'clip_feats': b['video_feats'], 'query_feats': b['text_feats'][:, None],
           'valid': b['valid']} for b in pairs), start_step, mesh)

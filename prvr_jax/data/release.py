@@ -263,9 +263,8 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
           raise ValueError
         start, end, duration = (float(v) for v in parts[1:])
       except ValueError:
-        raise DataError(
-            f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", got {short(line.strip())}'
-        ) from None
+        raise DataError(f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", '
+                        f'got {short(line.strip())}') from None
       if not (0 <= start <= end <= duration) or not math.isfinite(duration):
         raise DataError(
             f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '

@@ -71,8 +71,8 @@ def _kernel_grad_split_rows(x16: jax.Array, grad16: jax.Array) -> jax.Array:
   transposed left operand. With one contracted leading axis XLA hands the product `x16`'s
   transpose, and then either fails ('Unsupported element type for DotThunk', earlier jaxlibs)
   or, with jaxlib 0.10, runs it in float32 on bfloat16-rounded copies, slower than the
-  bfloat16 product (an optimisation barrier on the transpose does not stop that). With two contracted leading
-  axes XLA flattens them with a copy that is already the transpose, as for a 3-D input, and
+  bfloat16 product (an optimisation barrier on the transpose does not stop that). With two
+  contracted leading axes XLA flattens them with a copy that is already the transpose, as for a 3-D input, and
   the product runs in bfloat16. An odd row count gets a zero row, which adds nothing.
   """
   if x16.shape[0] % 2:

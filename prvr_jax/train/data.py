@@ -9,7 +9,8 @@ def check_matching_bound(config: ml_collections.ConfigDict, data: protocol.RunDa
   """Raises where `loss.om_solver='device'` would meet a training video with more captions
   than `model.num_clips` (the device solver matches at most that many queries per video)."""
   most = data.max_captions_per_video
-  if config.loss.get('om_solver', 'host') != 'device' or not config.loss.get('om', 0) or most is None:
+  if (config.loss.get('om_solver', 'host') != 'device' or not config.loss.get('om', 0)
+      or most is None):
     return
   if most > config.model.num_clips:
     raise ValueError(
