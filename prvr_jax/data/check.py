@@ -1,36 +1,16 @@
-r"""Checks a feature release against its catalogue entry before a long run.
+r"""The one validator: checks a feature release against its catalogue entry before a long run.
 
   prvr-check --config=configs/ms_sl.py:tvr --config.data.dir=/data/prvr/tvr
 
-reads the whole release once, streaming (a progress bar on stderr), and prints a short report
-ending in a verdict: `VERDICT: OK`, `VERDICT: PROBLEMS (n)` with one line per problem naming
-the file and the id, or `VERDICT: NOTHING TO CHECK` (the synthetic benchmark, a prepared shard
-folder). It exits 1 when there are problems.
-
-Checked, with the release readers of `prvr_jax.data.release` (and `text_video` for
-annotations read end to end):
-
-* files: the layout's feature files, every split's caption file, the catalogue's extra files;
-* feature dims against the catalogue (`prvr_jax.data.catalogue`) and `config.model`;
-* videos and captions per split against the published split sizes;
-* ids: every caption's video in `video2frames.txt` (or the CLIP video file), every frame id
-  of a video in the BigFile, every caption in the query feature file; ids no split uses are
-  noted; a training split sharing videos with another split;
-* moments files: parsed, and covering every caption of their split (`split_moments`);
-* full check only: every stored value finite (each feature row / array read once), and a
-  content checksum of every file, recorded so that a later run says what changed.
-
-`cheap_check(config)` is the part without reading feature values (files, dims from headers and
-HDF5 metadata, counts, ids, file sizes against the checksum record); `check_before_run(config)`
-runs it before long work (training, preparing shards) and raises on problems. Checksums: sha256 of the bytes of text files and of `feature.bin`; for HDF5
-files sha256 of their datasets (name, dtype, shape, values, in name order), computed in the
-same pass that checks the values. They are recorded in `<collection folder>/prvr_checksums.json`
-(or `--record=PATH`) on the first full check; later checks compare with the record, and
-`--update_record` replaces it. See docs/data_check.md.
-
-The one validator: `prvr-check`, training and `prvr-prepare` call `check_before_run`;
-`prepare` checks moments (`split_moments`) and split overlap (`check_split_overlaps`) here;
-`run_data` compares shards with the config (`check_shards`).
+reads the release through its own readers (`release`; annotations through `text_video`) and
+prints a report ending in a verdict: `VERDICT: OK`, `VERDICT: PROBLEMS (n)` (one line per
+problem naming the file and the id) or `VERDICT: NOTHING TO CHECK` (the synthetic benchmark, a
+prepared shard folder). `cheap_check` reads no feature value (files, dims from headers and
+HDF5 metadata, counts, ids, file sizes against the checksum record); `check_release` also
+reads every value once and records or compares a checksum of every file
+(`prvr_checksums.json`). Training and `prvr-prepare` call `check_before_run`; `prepare` checks
+moments (`split_moments`) and split overlap (`check_split_overlaps`) here; `run_data` compares
+shards with the config (`check_shards`). What is checked, and how: docs/data_check.md.
 """
 
 import contextlib

@@ -212,13 +212,6 @@ def verify_checksums(shards: Sequence[Shard]) -> None:
     _VERIFIED.add(key)
 
 
-def _report_skipped(split: ShardSplit, shards: ShardDataset) -> None:
-  if split.skipped:
-    _log.warning('split %r of %s: %d bad item(s) were skipped when the shards were prepared '
-                 '(skip_bad_items); first: %s: %s', split.name, shards.dir, len(split.skipped),
-                 *split.skipped[0])
-
-
 def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
@@ -237,27 +230,22 @@ def _local(global_size: int, process_count: int, flag: str) -> int:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _parse_spec(video: bool, captions: bool) -> dict[str, Any]:
-  spec = {'video_order': tf.io.FixedLenFeature([], tf.int64)}
-  if video:
-    spec.update({'clip_feats/value': tf.io.FixedLenFeature([], tf.string),
-                 'frame_feats/value': tf.io.FixedLenFeature([], tf.string),
-                 'num_frames': tf.io.FixedLenFeature([], tf.int64)})
-  if captions:
-    spec.update({'caption_feats/value': tf.io.FixedLenFeature([], tf.string),
-                 'caption_lengths': tf.io.VarLenFeature(tf.int64),
-                 'caption_order': tf.io.VarLenFeature(tf.int64)})
-  return spec
-
-
 class _Parser:
   """Turns a serialized record into padded per-video tensors (shapes of the batch contract)."""
 
   def __init__(self, shards: ShardDataset, video: bool = True, captions: bool = True):
     self.lc, self.lf, self.lq = shards.num_clips, shards.max_frames, shards.max_query_len
     self.dv, self.dq = shards.visual_dim, shards.query_dim
-    self.spec = _parse_spec(video, captions)
     self.video, self.captions = video, captions
+    self.spec = {'video_order': tf.io.FixedLenFeature([], tf.int64)}
+    if video:
+      self.spec.update({'clip_feats/value': tf.io.FixedLenFeature([], tf.string),
+                        'frame_feats/value': tf.io.FixedLenFeature([], tf.string),
+                        'num_frames': tf.io.FixedLenFeature([], tf.int64)})
+    if captions:
+      self.spec.update({'caption_feats/value': tf.io.FixedLenFeature([], tf.string),
+                        'caption_lengths': tf.io.VarLenFeature(tf.int64),
+                        'caption_order': tf.io.VarLenFeature(tf.int64)})
 
   def __call__(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
     ex = tf.io.parse_single_example(serialized, self.spec)
@@ -281,23 +269,13 @@ class _Parser:
     return out
 
 
-def _records(files: Sequence[str]) -> tf.data.Dataset:
-  """Serialized records of `files`, in file order."""
-  return tf.data.TFRecordDataset(tf.constant(list(files), tf.string),
-                                 num_parallel_reads=None, buffer_size=8 << 20)
-
-
-def _deterministic(ds: tf.data.Dataset) -> tf.data.Dataset:
-  options = tf.data.Options()
-  options.deterministic = True
-  return ds.with_options(options)
-
-
 class _NumpyIterator:
   """Numpy batches of a tf.data pipeline with a known length (`None`: unbounded)."""
 
   def __init__(self, ds: tf.data.Dataset, length: int | None, max_queries: int = 0):
-    self._it = _deterministic(ds).as_numpy_iterator()
+    options = tf.data.Options()
+    options.deterministic = True
+    self._it = ds.with_options(options).as_numpy_iterator()
     self._length = length
     self._max_queries = max_queries
 
@@ -516,20 +494,29 @@ def _host_split(shards, split, global_batch_size, process_index, process_count, 
   process_index, process_count = _hosts(process_index, process_count)
   local = _local(global_batch_size, process_count, 'global_batch_size')
   s = shards.split(split)
-  _report_skipped(s, shards)
+  if s.skipped:
+    _log.warning('split %r of %s: %d bad item(s) were skipped when the shards were prepared '
+                 '(skip_bad_items); first: %s: %s', s.name, shards.dir, len(s.skipped),
+                 *s.skipped[0])
   mine = s.host_shards(process_index, process_count)
   if verify:
     verify_checksums(mine)
   return s, mine, local, process_count
 
 
-def _eval_setup(shards, split, global_batch_size, process_index, process_count, verify, count):
+def _eval_records(shards, split, global_batch_size, process_index, process_count, verify, count,
+                  **parse):
+  """(this host's parsed records in file order, local batch size, batches on every host, this
+  host's items); `count(shard)`: its videos or captions."""
   s, mine, local, process_count = _host_split(shards, split, global_batch_size, process_index,
                                               process_count, verify)
   most = max(sum(count(x) for x in s.host_shards(i, process_count)) for i in range(process_count))
-  num_batches = -(-most // local)
   frames.keep_tf_off_accelerators()
-  return mine, local, num_batches, sum(count(x) for x in mine)
+  records = tf.data.TFRecordDataset(tf.constant([x.path for x in mine], tf.string),
+                                    num_parallel_reads=None, buffer_size=8 << 20)
+  parsed = records.map(_Parser(shards, **parse), num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=True)
+  return parsed, local, -(-most // local), sum(count(x) for x in mine)
 
 
 def eval_videos(shards: ShardDataset, split: str, *, global_batch_size: int,
@@ -541,15 +528,12 @@ def eval_videos(shards: ShardDataset, split: str, *, global_batch_size: int,
   `frame_mask [B, Lf]`, `video_index [B]` int64 (the score-matrix column, -1 = padding);
   `len()` batches, the same number on every host.
   """
-  mine, local, num_batches, n = _eval_setup(
+  parsed, local, num_batches, n = _eval_records(
       shards, split, global_batch_size, process_index, process_count, verify,
-      lambda x: x.num_videos)
-  parse = _Parser(shards, captions=False)
+      lambda x: x.num_videos, captions=False)
   pad = {k: v for k, v in _pad_video(shards).items()
          if k in ('video_order', 'clip_feats', 'frame_feats', 'frame_mask')}
-  ds = (_records([x.path for x in mine])
-        .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
+  ds = (parsed.concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
         .padded_batch(local, padded_shapes=_video_shapes(shards), drop_remainder=True)
         .map(lambda b: {'clip_feats': b['clip_feats'], 'frame_feats': b['frame_feats'],
                         'frame_mask': b['frame_mask'], 'video_index': b['video_order']})
@@ -567,10 +551,9 @@ def eval_queries(shards: ShardDataset, split: str, *, global_batch_size: int,
   ground-truth video's column, i.e. its index in `EvalIndex.video_ids`); `len()` batches,
   the same number on every host.
   """
-  mine, local, num_batches, n = _eval_setup(
+  parsed, local, num_batches, n = _eval_records(
       shards, split, global_batch_size, process_index, process_count, verify,
-      lambda x: x.num_captions)
-  parse = _Parser(shards, video=False)
+      lambda x: x.num_captions, video=False)
   lq, dq = shards.max_query_len, shards.query_dim
 
   def captions(v):
@@ -581,9 +564,7 @@ def eval_queries(shards: ShardDataset, split: str, *, global_batch_size: int,
 
   pad = {'query_feats': tf.zeros([lq, dq]), 'query_mask': tf.zeros([lq]),
          'query_index': tf.constant(-1, tf.int64), 'query_video_index': tf.constant(-1, tf.int64)}
-  ds = (_records([x.path for x in mine])
-        .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .flat_map(captions)
+  ds = (parsed.flat_map(captions)
         .concatenate(tf.data.Dataset.from_tensors(pad).repeat(num_batches * local - n))
         .batch(local, drop_remainder=True).prefetch(prefetch))
   return _NumpyIterator(ds, num_batches)

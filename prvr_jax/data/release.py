@@ -1,24 +1,12 @@
-"""Readers (and small writers) for the MS-SL feature release layout.
+"""The release layout (docs/data_release.md): its readers and its one writer.
 
-Layout of one collection folder `<root>/<collection>/`::
-
-  TextData/<collection>{train,val,test}.caption.txt     `<cap_id> <caption>` lines
-  TextData/roberta_<collection>_query_feat.hdf5          cap_id -> [n_tokens, Dq]
-  FeatureData/<visual_feature>/feature.bin               float32 rows (BigFile)
-  FeatureData/<visual_feature>/id.txt                    whitespace-separated frame ids
-  FeatureData/<visual_feature>/shape.txt                 "N D"
-  FeatureData/<visual_feature>/video2frames.txt          dict literal video_id -> frame ids
-
-AMDNet's CLIP layout (`text_feature='clip'`) replaces the BigFile and the RoBERTa file
-with `FeatureData/new_clip_vit_32_<collection>_vid_features.hdf5` (video_id ->
-[n_frames, 512]) and `TextData/clip_ViT_B_32_<collection>_query_feat.hdf5` (cap_id ->
-[512]). `text_feature='clip_text'` is the RoBERTa layout with CLIP token features in
-`TextData/clip_text_<collection>_query_feat.hdf5` (QVHighlights, `prvr_jax.data.qvhighlights`).
-The video id of a caption is its cap_id up to the first '#'.
-
-Every problem raises `DataError` (or `FileNotFoundError`) naming the file and the id at
-fault. `skip_bad_items=True` skips bad videos / captions instead, records each one in
-`ReleaseSplit.skipped` and logs a warning with the count.
+A collection folder `<root>/<collection>/` holds `TextData/` (`<collection><split>.caption.txt`
+files of `<cap_id> <caption>` lines, the query features HDF5) and `FeatureData/` (a BigFile of
+frame rows and `video2frames.txt` in the token layouts 'roberta' and 'clip_text'; AMDNet's
+video HDF5 in the CLIP layout 'clip'); `Layout` has every path. The video id of a caption is
+its cap_id up to the first '#'. Every problem raises `DataError` (or `FileNotFoundError`)
+naming the file and the id at fault; `skip_bad_items=True` skips bad videos / captions instead
+and records each one in `ReleaseSplit.skipped`.
 """
 
 import ast
@@ -293,22 +281,27 @@ def shared_videos(videos_of: Mapping[str, Sequence[str]], train_split: str = 'tr
   return {name: ids for name, ids in shared.items() if ids}
 
 
-def h5_shape(h5: h5py.File, key: str) -> tuple[int, ...] | None:
-  """Shape of the dataset `key` of an open HDF5 file, or None when it is absent (or a group)."""
-  ds = h5.get(key)
-  return ds.shape if isinstance(ds, h5py.Dataset) else None
-
-
 class H5Features:
-  """One HDF5 dataset per id; the file is opened lazily (and again in a forked process)."""
+  """One HDF5 dataset per id; the file is opened lazily (and again in a forked process).
+
+  `what` names the file in the error when it is missing (default: the class name); as a
+  context manager the file is opened on entry and closed on exit.
+  """
 
   kind = 'id'
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, what: str | None = None):
     self.path = os.fspath(path)
-    _require_files([self.path], f'{type(self).__name__}')
+    _require_files([self.path], what or type(self).__name__)
     self._file = None
     self._pid = None
+
+  def __enter__(self) -> 'H5Features':
+    self._h5()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   def _h5(self) -> h5py.File:
     if self._file is None or self._pid != os.getpid():
@@ -343,8 +336,9 @@ class H5Features:
     return self._dataset(key).shape
 
   def shape_or_none(self, key: str) -> tuple[int, ...] | None:
-    """Shape of `key`'s dataset, or None when it is absent (one HDF5 lookup)."""
-    return h5_shape(self._h5(), key)
+    """Shape of `key`'s dataset, or None when it is absent or a group (one HDF5 lookup)."""
+    ds = self._h5().get(key)
+    return ds.shape if isinstance(ds, h5py.Dataset) else None
 
   def read(self, key: str) -> np.ndarray:
     """The stored array of `key`, in its stored dtype."""
@@ -583,8 +577,9 @@ class ReleaseSplit:
     self.caption_file = release.layout.caption_path(name)
     captions = read_captions(self.caption_file)
     self.skipped: list[tuple[str, str]] = []
-    self._visual_dim = release.expected_visual_dim
-    self._query_dim = release.expected_query_dim
+    # The dims of the data (`config.model.*_dim` when given), set by the first item checked.
+    self.visual_dim: int | None = release.expected_visual_dim
+    self.query_dim: int | None = release.expected_query_dim
     self._set_captions(captions)
     self._validate()
     if release.check_values:
@@ -611,14 +606,6 @@ class ReleaseSplit:
     """`[num_captions]` int64: column in `video_ids` of each caption's video."""
     column = {v: i for i, v in enumerate(self.video_ids)}
     return np.array([column[video_id_of(c)] for c in self.caption_ids], dtype=np.int64)
-
-  @property
-  def visual_dim(self) -> int:
-    return self._visual_dim
-
-  @property
-  def query_dim(self) -> int:
-    return self._query_dim
 
   # ---- features
 
@@ -727,9 +714,9 @@ class ReleaseSplit:
     """Keeps the first dim of a `kind` ('video' / 'caption'), or returns the problem of an
     item whose dim differs from config.model.{visual,query}_dim or the first item's."""
     which = 'visual' if kind == 'video' else 'query'
-    want = getattr(self, f'_{which}_dim')
+    want = getattr(self, f'{which}_dim')
     if want is None:
-      setattr(self, f'_{which}_dim', dim)
+      setattr(self, f'{which}_dim', dim)
     elif dim != want:
       flag = (f'config.model.{which}_dim' if getattr(self.release, f'expected_{which}_dim')
               is not None else f'the first {kind}\'s dim')
@@ -868,20 +855,8 @@ class BigFileWriter:
 
 
 class ReleaseWriter:
-  """The one writer of the release layout (`Layout`): a collection folder written item by
-  item, holding only ids in memory, complete or not at all.
-
-    with ReleaseWriter(root, collection, visual_feature, text_feature) as w:
-      w.add_video(video_id, frames)              # [n_frames, Dv]
-      w.add_caption_features(cap_id, features)   # [n_tokens, Dq], or [Dq] / [1, Dq] (CLIP)
-      w.write_captions(split, [(cap_id, caption), ...])
-      w.write_moments(split, [(cap_id, start, end, duration), ...])   # optional
-    w.collection_dir                             # <root>/<collection>
-
-  The token layouts ('roberta', 'clip_text') store frames as BigFile rows (`video2frames.txt`
-  maps each video to its frame ids); the CLIP layout stores one HDF5 dataset per video. The
-  folder is written as `<collection>.partial` and renamed at the end; an error removes it.
-  """
+  """The one writer of the release layout: `<root>/<collection>` written item by item (only
+  ids held in memory) as `<collection>.partial`, renamed at the end; an error removes it."""
 
   def __init__(self, root: str, collection: str, visual_feature: str | None = 'i3d_resnet',
                text_feature: str = 'roberta'):
@@ -969,15 +944,9 @@ def write_release(root: str, collection: str, videos: Mapping[str, np.ndarray],
                   captions: Mapping[str, Sequence[tuple[str, str]]],
                   caption_features: Mapping[str, np.ndarray], visual_feature: str = 'i3d_resnet',
                   text_feature: str = 'roberta') -> str:
-  """`ReleaseWriter` over numpy data held in memory (tests, the synthetic benchmark); returns
-  the collection folder.
-
-  Args:
-    videos: video_id -> raw frame features `[n_frames, Dv]`. For the token layouts
-      ('roberta', 'clip_text') frame ids are `<video_id>_<k>` rows of one BigFile.
-    captions: split name -> `[(cap_id, caption)]`.
-    caption_features: cap_id -> `[n_tokens, Dq]` (token layouts) or `[Dq]` (CLIP).
-  """
+  """`ReleaseWriter` over numpy data in memory (tests): `videos` video_id -> `[n_frames, Dv]`,
+  `captions` split -> `[(cap_id, caption)]`, `caption_features` cap_id -> `[n_tokens, Dq]`
+  (`[Dq]` for CLIP); returns the collection folder."""
   with ReleaseWriter(root, collection, visual_feature, text_feature) as writer:
     for video_id, frames in videos.items():
       writer.add_video(video_id, frames)

@@ -1,8 +1,6 @@
 """Text-video frozen features: precomputed CLIP features of a `text_video.TextVideoSplit`
-written as a release folder in AMDNet's CLIP layout through the one layout writer
-(`write_feature_release`: `[num_frames, 512]` uniformly sampled frame features per video,
-one `[1, 512]` sentence feature per caption), and read back as (video, caption) pair
-batches (`feature_pairs`) so that models train on CPU from features.
+written in AMDNet's CLIP release layout (`write_feature_release`) and read back as (video,
+caption) pair batches (`feature_pairs`), so that models train on CPU from features.
 
   prvr-write-text-video --dataset=msrvtt --annotations=T-MASS/data/MSRVTT \
       --frame_features=msrvtt_frames.h5 --text_features=msrvtt_text.h5 --out=/data/tv
@@ -11,10 +9,8 @@ read back with `release.Release(out, 'msrvtt', 'clip_frames', 'clip')`.
 """
 
 import dataclasses
-import os
 from collections.abc import Iterator, Mapping, Sequence
 
-import h5py
 import numpy as np
 
 from prvr_jax.data import frames as frames_lib
@@ -35,21 +31,12 @@ class FeatureCounts:
   short_videos: int  # videos with fewer frame features than num_frames (last one repeated)
 
 
-def _open_h5(path: str, what: str) -> h5py.File:
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'{what} file {path} does not exist')
-  try:
-    return h5py.File(path, 'r')
-  except OSError as e:
-    raise DataError(f'{path}: cannot open as HDF5 ({e}) [{what}]') from None
-
-
-def _check_features(h5: h5py.File, ids: Sequence[str], kind: str, dim: int, frames: bool
-                    ) -> None:
+def _check_features(h5: release_lib.H5Features, ids: Sequence[str], kind: str, dim: int,
+                    frames: bool) -> None:
   """Raises listing ids absent from `h5` (metadata only), or naming one of a wrong shape."""
   missing = []
   for i in ids:
-    shape = release_lib.h5_shape(h5, i)
+    shape = h5.shape_or_none(i)
     if shape is None:
       missing.append(i)
       continue
@@ -60,21 +47,20 @@ def _check_features(h5: h5py.File, ids: Sequence[str], kind: str, dim: int, fram
       ok = shape in ((dim,), (1, dim))
       expected = f'[{dim}] or [1, {dim}]'
     if not ok:
-      raise DataError(f'{kind} {short(i)} has features of shape {shape} in {h5.filename}, '
+      raise DataError(f'{kind} {short(i)} has features of shape {shape} in {h5.path}, '
                       f'expected {expected} (--dim={dim})')
   if missing:
-    raise DataError(f'{len(missing)} of {len(ids)} {kind}s have no features in {h5.filename}:\n'
+    raise DataError(f'{len(missing)} of {len(ids)} {kind}s have no features in {h5.path}:\n'
                     f'{listing(missing, limit=_MAX_LISTED)}')
 
 
-def _read_finite(h5: h5py.File, key: str, kind: str) -> np.ndarray:
-  x = h5[key][...]
+def _read_finite(h5: release_lib.H5Features, key: str, kind: str) -> np.ndarray:
+  x = h5.read(key)
   if x.dtype.kind != 'f':
-    raise DataError(f'{kind} {short(key)} has {x.dtype} features in {h5.filename}, expected '
-                    'floats')
+    raise DataError(f'{kind} {short(key)} has {x.dtype} features in {h5.path}, expected floats')
   x = x.astype(np.float32)
   if not np.isfinite(x).all():
-    raise DataError(f'{kind} {short(key)}: NaN/Inf in its features in {h5.filename}')
+    raise DataError(f'{kind} {short(key)}: NaN/Inf in its features in {h5.path}')
   return x
 
 
@@ -106,22 +92,19 @@ def write_feature_release(splits: Mapping[str, text_video.TextVideoSplit], frame
     out_root: release root; `<out_root>/<collection>` must not exist yet.
     num_frames: frames kept per video, `sample_frame_indices(n_frames, num_frames, 'uniform')`.
 
-  Writes `TextData/<collection><split>.caption.txt` (`<video_id>#<caption_id> <text>`),
-  `TextData/clip_ViT_B_32_<collection>_query_feat.hdf5` (release caption id -> `[1, dim]`) and
-  `FeatureData/new_clip_vit_32_<collection>_vid_features.hdf5` (video_id ->
-  `[num_frames, dim]`), all float32. Everything is checked before anything is written; the
-  folder appears complete or not at all. Returns split -> counts.
+  Captions are stored under `<video_id>#<caption_id>`, sentence features as `[1, dim]`.
+  Everything is checked before anything is written. Returns split -> counts.
   """
   if not splits:
     raise ValueError('no splits to write')
   text_video.check_id(collection, 'collection', 'write_feature_release', video=True)
   videos, captions = _merged(splits)
-  with _open_h5(frame_features_h5, 'frame features') as vf, \
-       _open_h5(text_features_h5, 'text features') as tf5:
+  with release_lib.H5Features(frame_features_h5, 'frame features') as vf, \
+       release_lib.H5Features(text_features_h5, 'text features') as tf5:
     _check_features(vf, videos, 'video', dim, frames=True)
     _check_features(tf5, list(dict.fromkeys(c for c, _, _ in captions.values())), 'caption',
                     dim, frames=False)
-    n_frames = {v: vf[v].shape[0] for v in videos}
+    n_frames = {v: vf.shape(v)[0] for v in videos}
     with release_lib.ReleaseWriter(out_root, collection, VISUAL_FEATURE, TEXT_FEATURE) as writer:
       for v in videos:
         idx = frames_lib.sample_frame_indices(n_frames[v], num_frames, 'uniform', video=v)

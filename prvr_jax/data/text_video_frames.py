@@ -30,19 +30,44 @@ def _tokens(tokenize: Callable[[list[str]], np.ndarray], texts: list[str]) -> np
 
 
 class FrameBatches:
-  """Batches of (frames, tokens) pairs of one split; see `frame_dataset`.
+  """(video, caption) pairs of `split` as batches, one pair per caption (the official items).
+
+  Iterating yields numpy dicts:
+
+    frames        [B, num_frames, size, size, 3] float32, CLIP-normalised
+    tokens        [B, context_len] int32, `tokenize([text, ...])` rows
+    video_index   [B] int32, the video's index in `split.video_ids` (-1: padding)
+    caption_index [B] int32, the caption's index in `split.captions` (-1: padding)
+    valid         [B] bool, False for padding pairs
+
+  Args:
+    split: a `text_video.TextVideoSplit`.
+    frames_root: folder of `<video_id>/` frame folders (jpg / jpeg / png, natural order).
+    tokenize: texts -> int token ids `[N, context_len]` (the CLIP tokenizer; injected).
+    batch_size: pairs per batch.
+    num_frames: frames sampled per video (`frames.sample_frame_indices`).
+    mode: frame sampling, 'uniform' (evaluation; T-MASS's default for training too) or 'rand'.
+    train_augment: T-MASS's training transform (`frames.clip_train_augment`: random resized
+      crop, flip) instead of the evaluation transform (`frames.clip_preprocess`).
+    shuffle: shuffle the pairs every epoch (training); else split order (evaluation).
+    seed: seeds the shuffling, 'rand' sampling and augmentation (per epoch, reproducible).
+    num_epochs: epochs to yield (None: forever).
+    drop_remainder: drop the last partial batch of each epoch; else it is filled with
+      padding pairs (`valid` False, zero frames and tokens), so every batch has `batch_size`.
+    size: crop size (224).
 
   Attributes:
     dataset: the `tf.data.Dataset` of batch dicts.
-    batch_size, num_examples (pairs per epoch), batches_per_epoch, num_epochs.
+    num_examples (pairs per epoch), batches_per_epoch.
     frame_files: video_id -> its frame image paths, in order.
   """
 
   def __init__(self, split: text_video.TextVideoSplit, frames_root: str, *,
                tokenize: Callable[[list[str]], np.ndarray], batch_size: int,
-               num_frames: int, mode: str, train_augment: bool, shuffle: bool, seed: int,
-               num_epochs: int | None, drop_remainder: bool, size: int,
-               num_parallel_calls: int):
+               num_frames: int = frames_lib.NUM_FRAMES, mode: str = 'uniform',
+               train_augment: bool = False, shuffle: bool = False, seed: int = 0,
+               num_epochs: int | None = 1, drop_remainder: bool = False,
+               size: int = frames_lib.CLIP_SIZE, num_parallel_calls: int = tf.data.AUTOTUNE):
     text_video.check_batching(batch_size, num_epochs, len(split.captions), drop_remainder,
                     f'split {split.name!r}')
     if mode not in frames_lib.SAMPLE_MODES:
@@ -148,42 +173,4 @@ class FrameBatches:
       yield batch
 
 
-def frame_dataset(split: text_video.TextVideoSplit, frames_root: str, *,
-                  tokenize: Callable[[list[str]], np.ndarray], batch_size: int,
-                  num_frames: int = frames_lib.NUM_FRAMES, mode: str = 'uniform',
-                  train_augment: bool = False, shuffle: bool = False, seed: int = 0,
-                  num_epochs: int | None = 1, drop_remainder: bool = False,
-                  size: int = frames_lib.CLIP_SIZE,
-                  num_parallel_calls: int = tf.data.AUTOTUNE) -> FrameBatches:
-  """(video, caption) pairs of `split` as batches, one pair per caption (the official items).
-
-  Iterating yields numpy dicts:
-
-    frames        [B, num_frames, size, size, 3] float32, CLIP-normalised
-    tokens        [B, context_len] int32, `tokenize([text, ...])` rows
-    video_index   [B] int32, the video's index in `split.video_ids` (-1: padding)
-    caption_index [B] int32, the caption's index in `split.captions` (-1: padding)
-    valid         [B] bool, False for padding pairs
-
-  Args:
-    split: a `text_video.TextVideoSplit`.
-    frames_root: folder of `<video_id>/` frame folders (jpg / jpeg / png, natural order).
-    tokenize: texts -> int token ids `[N, context_len]` (the CLIP tokenizer; injected).
-    batch_size: pairs per batch.
-    num_frames: frames sampled per video (`frames.sample_frame_indices`).
-    mode: frame sampling, 'uniform' (evaluation; T-MASS's default for training too) or 'rand'.
-    train_augment: T-MASS's training transform (`frames.clip_train_augment`: random resized
-      crop, flip) instead of the evaluation transform (`frames.clip_preprocess`).
-    shuffle: shuffle the pairs every epoch (training); else split order (evaluation).
-    seed: seeds the shuffling, 'rand' sampling and augmentation (per epoch, reproducible).
-    num_epochs: epochs to yield (None: forever).
-    drop_remainder: drop the last partial batch of each epoch; else it is filled with
-      padding pairs (`valid` False, zero frames and tokens), so every batch has `batch_size`.
-    size: crop size (224).
-  """
-  return FrameBatches(split, frames_root, tokenize=tokenize, batch_size=batch_size,
-                      num_frames=num_frames, mode=mode, train_augment=train_augment,
-                      shuffle=shuffle, seed=seed, num_epochs=num_epochs,
-                      drop_remainder=drop_remainder, size=size,
-                      num_parallel_calls=num_parallel_calls)
-
+frame_dataset = FrameBatches  # the pipeline's entry point
