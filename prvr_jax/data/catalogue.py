@@ -2,47 +2,28 @@
 
 One `FeatureRelease` per (collection, layout) a config variant can point `config.data` at;
 `lookup(config)` finds it from `config.data.{source, collection, visual_feature,
-text_feature}`. `prvr_jax.data.check` compares a release on disk with its entry (see
-docs/data_check.md, which also tabulates the entries).
+text_feature}`; `prvr_jax.data.check` compares a release on disk with it. docs/data_check.md
+tabulates the entries and quotes the sources, the keys of `FeatureRelease.sources` (papers
+in `shared/papers/`, facts in `shared/reference/`):
 
-Sources of the numbers (papers in the project's `shared/papers/`, facts in
-`shared/reference/`):
-
-* [AMDNet] Song et al., "active moment discovering", Sec. "Datasets": TVR 17,435 videos /
-  87,175 moments for training, 2,179 / 10,895 for testing; ActivityNet Captions 10,009 /
-  4,917 videos (37,421 / 17,505 annotations) for train / test, "following [MS-SL]", i.e. the
-  MS-SL release's partition. The same TVR figures are in GMMFormer (AAAI 2024, "Datasets")
-  and GMMFormer v2 (NeurIPS 2024, appendix).
-* [GMMFormer] Wang et al., AAAI 2024, "Datasets": Charades-STA "6,670 videos with 16,128
-  sentence descriptions", "the official data partition" (no per-split figures), I3D and 1,024-d
-  RoBERTa features; TVR 3,072-d ResNet152 + I3D and 768-d RoBERTa.
-* [ProtoPRVR] Moon et al., ICCV 2025, appendix: QVHighlights for PRVR has 2,214 videos / 7,218
-  queries for training and 474 / 1,550 for testing (measured on the Moment-DETR annotations
-  too, docs/qvhighlights.md).
-* [T-MASS] Wang et al., CVPR 2024, "Datasets and Metrics": MSR-VTT 10K clips with 20 captions
-  each, 1K-A test split; LSMDC test data of 1,000 videos; 12 uniformly sampled frames per
-  video; CLIP ViT-B/32 (512-d).
+* [AMDNet] "Datasets": TVR and ActivityNet Captions train / test sizes (the MS-SL partition);
+  the same TVR figures are in GMMFormer and GMMFormer v2.
+* [GMMFormer] AAAI 2024, "Datasets": the Charades-STA total (6,670 videos, 16,128 sentences).
+* [ProtoPRVR] ICCV 2025, appendix: QVHighlights for PRVR (docs/qvhighlights.md).
+* [T-MASS] CVPR 2024, "Datasets and Metrics": MSR-VTT (1K-A test), LSMDC test, 12 frames.
 * [reference] shared/reference/official_code_gmmformer_amdnet_mssl.md, section 0: the MS-SL
-  feature folders and dims (TVR `i3d_resnet` 3072, ActivityNet `i3d` 1024, Charades
-  `i3d_rgb_lgi` 1024; RoBERTa 768 TVR, 1024 otherwise) and AMDNet's CLIP ViT-B/32 files
-  (512-d frame and sentence vectors).
-* [readers] docs/text_video_data.md: rows of the official T-MASS annotation files, read with
-  `prvr_jax.data.text_video` (MSR-VTT 9k: 9,000 videos, 180,000 pairs; 1K-A: 1,000 rows;
-  DiDeMo train / test: 8,362 / 1,004 rows, one paragraph per video).
+  feature folders and dims, AMDNet's CLIP ViT-B/32 files.
+* [readers] docs/text_video_data.md: rows of the official T-MASS annotation files.
 
-Split names are ours (the caption files' `<collection><split>.caption.txt`). Where a
-converter writes one official split under two names (QVHighlights, the T-MASS datasets: our
-`val` is the test split, docs/qvhighlights.md, docs/text_video_data.md) the entry expects the
-same counts for both. A split without published figures is not counted (`splits` leaves it
-out); Charades-STA has only a published total (`total`: distinct videos and captions over all
-caption files).
+Split names are ours; where a converter writes one official split under two names (our `val`
+is the test split) the entry expects the same counts for both. A split without published
+figures is left out of `splits`; Charades-STA has only a `total` over all caption files.
 """
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from prvr_jax.data import release as release_lib
 
 LAYOUTS = ('bigfile', 'clip', 'frames')
 
@@ -98,13 +79,6 @@ class FeatureRelease:
   def key(self) -> tuple[str, ...]:
     return release_key(self.collection, self.visual_feature, self.text_feature,
                        'frames' if self.layout == 'frames' else 'shards')
-
-  def layout_of(self, collection_dir: str) -> release_lib.Layout:
-    """The paths of this release in `collection_dir` (not for the 'frames' layout)."""
-    if self.layout == 'frames':
-      raise ValueError(f'{self.name}: annotations and frame folders have no release layout')
-    return release_lib.Layout(collection_dir, self.collection, self.visual_feature,
-                              self.text_feature)
 
 
 def release_key(collection: str, visual_feature: str | None, text_feature: str,

@@ -1,27 +1,13 @@
-r"""Feature shards: a TFDS builder writing TFRecord shards of the MS-SL release + a manifest.
-
-One record per video (see `shard_features`): preprocessed clip features `[Lc, Dv]`, frame
-features `[n <= Lf, Dv]`, every caption's token features (flattened `[sum n_i, Dq]` +
-lengths), caption / video ids, each caption's row in the caption file, the video's
-first-appearance index, and moment spans `[n_caps, 2]` + duration (seconds; -1 unknown).
-Float32 values are stored as raw bytes, so they read back bit-exact.
-
-Command line (writes `<out>/manifest.json` and the TFDS folders beside it):
+r"""Feature shards: a TFDS builder writing TFRecord shards of a release, and their manifest.
 
   prvr-prepare --config=configs/gmmformer_v2.py:tvr \
       --config.data.dir=/data/ms-sl/tvr --out=/data/shards/tvr
 
-As a TFDS dataset (the release folder is the manual dir):
-
-  builder = tfds.builder('prvr_features/tvr', data_dir=...)   # after importing this module
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir='/data/ms-sl'))
-
-Resumable per split: the command line builds one TFDS dataset per split, and TFDS reuses a
-finished one; a split interrupted half way is rebuilt from its start. Deterministic:
-examples are written in first-appearance video order without shuffling, so the same
-release gives byte-identical shards. Moment spans are read from the optional file
-`TextData/<collection><split>.moments.txt` (`<cap_id> <start> <end> <duration>` lines).
+One record per video (`shard_features`, float32 stored as raw bytes, so they read back
+bit-exact), written in first-appearance order without shuffling, so the same release gives
+byte-identical shards. Resumable per split: a split made from the same inputs is kept, an
+interrupted or stale one rebuilt. Moment spans come from the optional moments file
+(`check.split_moments`). Details: docs/data_pipeline.md.
 """
 
 import collections
@@ -382,10 +368,8 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       moments = check.split_moments(release, split)
       n = num_shards or _auto_num_shards(split, release)
       config = PrvrConfig(
-          name=f'{release.collection}-{visual_feature or text_feature}-{name}',
-          collection=release.collection, visual_feature=visual_feature,
-          text_feature=text_feature, splits=(name,), num_clips=num_clips, max_frames=max_frames,
-          max_query_len=max_query_len, skip_bad_items=skip_bad_items)
+          name=f'{release.collection}-{visual_feature or text_feature}-{name}', splits=(name,),
+          **{k: v for k, v in settings.items() if k not in ('normalize', 'l2_eps')})
       builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
       _log.info('split %s: %d videos, %d captions -> %d shards in %s', name,
                 len(split.video_ids), len(split.caption_ids), n, builder.data_dir)

@@ -1,38 +1,17 @@
 r"""QVHighlights (the Moment-DETR release) as a PRVR benchmark, written in the release layout.
 
-ProtoPRVR (ICCV 2025, appendix) turns QVHighlights into a PRVR benchmark: the 150-second
-segments of one YouTube source become one video, in time order, and every query keeps its
-moment, shifted to where its segment starts in the merged video. Train is the release's
-train split; the release's val split is both our `val` (model selection) and our `test`
-(the release's test split has no moments). Expected counts: train 2,214 videos / 7,218
-queries, val = test 474 / 1,550.
-
-Input (https://github.com/jayleicn/moment_detr, `data/` and the README's feature archive):
-
-  <annotations>/highlight_{train,val}_release.jsonl   one query per line: qid, query,
-      vid = <youtube_id>_<start>_<end> (seconds in the source), duration (s),
-      relevant_windows [[s, e], ...] (s, from the segment start)
-  <features>/slowfast_features/<vid>.npz   'features' [n_clips, 2304], one row per 2 s
-  <features>/clip_features/<vid>.npz       'features' [n_clips, 512]
-  <features>/clip_text_features/qid<qid>.npz   'last_hidden_state' [n_tokens, 512]
-
-Output `<out>/qvhighlights/` (read with `Release(out, 'qvhighlights', 'slowfast_clip',
-'clip_text')`):
-
-  TextData/qvhighlights{train,val,test}.caption.txt   `<youtube_id>#<qid> <query>`
-  TextData/qvhighlights{train,val,test}.moments.txt   `<cap_id> <start> <end> <duration>`
-  TextData/clip_text_qvhighlights_query_feat.hdf5     cap_id -> [n_tokens, 512] (raw)
-  FeatureData/slowfast_clip/                          BigFile, frame ids `<vid>_<k>`
-
-A frame row is concat(l2(SlowFast), l2(CLIP)) `[2816]` of one 2-second clip, as Moment-DETR's
-loader builds it: each feature cut to 75 clips (its `max_v_l`, 150 s), both cut to the
-shorter of the two. A query's moment is the span from its first window's start to its last
-window's end (the windows are in time order in the release).
-
-Command line:
+ProtoPRVR (ICCV 2025, appendix) merges the 150-second segments of one YouTube source into one
+video, in time order; every query keeps its moment, shifted to where its segment starts in the
+merged video. Our train is the release's train; its val is both our `val` and our `test` (the
+release's test split has no moments). A frame row is concat(l2(SlowFast), l2(CLIP)) `[2816]`
+of one 2-second clip, as Moment-DETR's loader builds it. Inputs, output and every rule:
+docs/qvhighlights.md.
 
   prvr-write-qvhighlights --annotations=moment_detr/data \
       --features=moment_detr/features --out=/data/prvr
+
+writes `<out>/qvhighlights/`, read with `Release(out, 'qvhighlights', 'slowfast_clip',
+'clip_text')`.
 """
 
 import dataclasses

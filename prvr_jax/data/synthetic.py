@@ -1,26 +1,14 @@
-r"""The synthetic PRVR benchmark: long untrimmed videos with planted moments.
+r"""The synthetic PRVR benchmark: long untrimmed videos with planted moments (docs/synthetic.md).
 
-A shared latent world holds `num_concepts` concept atoms, `num_scenes` background
-scenes and `num_function_words` function words. Each video is a smooth random walk
-around one scene (background clutter) with 1-3 planted moments: a span whose latent
-blends into `normalize(concept_a + concept_b)`. Moment lengths are log-uniform in
-`moment_ratio` of the video, so short moments (low M/V) are diluted by the background
-and hard for whole-video matching. Distractor moments from a small shared pool (the
-same concept pairs planted in many videos, never queried) add partially relevant
-content. Frames are `relu(W_v h + noise)`; query tokens come from the moment's
-concepts through a different projection `tanh(W_q ...)`, mixed with function words,
-word-level noise and a sentence context, with 1-6 queries per video and variable
-lengths (some over 30 tokens, to exercise truncation). True spans are recorded.
-
-  prvr-write-synthetic --out DIR --size default --format shards|mssl \
-      [--text_feature roberta|clip]
-
-`--format mssl` writes the MS-SL release layout (collection `synthetic`, visual
-feature `synthetic`) plus `TextData/synthetic<split>.moments.txt`; `--format shards`
-writes the shard folder of `prvr_jax.data.prepare`. `--text_feature clip` writes AMDNet's
-CLIP layout instead: the same frames in one HDF5 file and one sentence vector per query (the
-mean of its token features), for models that read sentence vectors. Everything is a
-function of (size, seed, text feature).
+A shared latent world holds concept atoms, background scenes and function words. Each video
+is a smooth random walk around one scene with 1-3 planted moments (a span blending into
+`normalize(concept_a + concept_b)`, log-uniform in `moment_ratio` of the video) and
+distractor moments from a small shared pool; frames are `relu(W_v h + noise)`, query tokens
+come from a moment's concepts through `tanh(W_q ...)`, mixed with function words, word noise
+and a sentence context. True spans are recorded. Written through the release layout
+(`write_mssl`; AMDNet's CLIP layout with sentence vectors for `text_feature='clip'`) and
+prepared into shards (`write_shards`, `ensure`); everything is a function of (size, seed,
+text feature).
 """
 
 import dataclasses
@@ -253,11 +241,6 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
   return out
 
 
-def sentence_vector(tokens: np.ndarray) -> np.ndarray:
-  """A query's sentence-level feature `[Dq]` in the CLIP layout: the mean of its tokens."""
-  return tokens.mean(axis=0, dtype=np.float32)
-
-
 def write_mssl(data: dict[str, SplitData], root: str, text_feature: str = 'roberta') -> str:
   """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
   vectors for `text_feature='clip'`) with moment spans; returns the collection folder."""
@@ -266,29 +249,15 @@ def write_mssl(data: dict[str, SplitData], root: str, text_feature: str = 'rober
       for video_id, frames in split.videos.items():
         writer.add_video(video_id, frames)
       for cap_id, tokens in split.caption_features.items():
+        # The CLIP layout's sentence vector `[Dq]`: the mean of the query's tokens.
         writer.add_caption_features(
-            cap_id, sentence_vector(tokens) if text_feature == 'clip' else tokens)
+            cap_id, tokens.mean(axis=0, dtype=np.float32) if text_feature == 'clip' else tokens)
     for name, split in data.items():
       writer.write_captions(name, split.captions)
       # Six significant digits, the benchmark's precision.
       writer.write_moments(name, ((c, *(float(f'{t:.6g}') for t in split.moments[c]))
                                   for c, _ in split.captions))
   return writer.collection_dir
-
-
-def _spec(size: str | Spec) -> Spec:
-  if isinstance(size, Spec):
-    return size
-  if size not in SIZES:
-    raise ValueError(f'unknown synthetic size {size!r}; expected one of {sorted(SIZES)} '
-                     '(config.data.synthetic_size)')
-  return SIZES[size]
-
-
-def _stamp(spec: Spec, seed: int, text_feature: str) -> dict:
-  stamp = {'generator_version': GENERATOR_VERSION, 'seed': seed,
-           'spec': dataclasses.asdict(spec)}
-  return stamp if text_feature == 'roberta' else {**stamp, 'text_feature': text_feature}
 
 
 def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
@@ -326,17 +295,18 @@ def shard_dir_of(size: str | Spec, out_dir: str, seed: int = 0, text_feature: st
 
 
 def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta') -> str:
-  """The shard folder of the benchmark `(size, seed, text_feature)` under `out_dir`, generated
-  once.
-
-  Returns `<out_dir>/<size>-seed<seed>` (`-clip` appended for sentence vectors), a shard
-  folder for `pipeline.open_shards`; an existing folder made by the same generator version,
-  spec, seed and text feature is reused.
-  """
-  spec = _spec(size)
+  """The shard folder (`shard_dir_of`) of the benchmark `(size, seed, text_feature)`, generated
+  once: a folder stamped with the same generator version, spec, seed and text feature is kept."""
+  if not isinstance(size, Spec) and size not in SIZES:
+    raise ValueError(f'unknown synthetic size {size!r}; expected one of {sorted(SIZES)} '
+                     '(config.data.synthetic_size)')
+  spec = size if isinstance(size, Spec) else SIZES[size]
   shard_dir = shard_dir_of(size, out_dir, seed, text_feature)
   stamp_path = os.path.join(shard_dir, 'synthetic.json')
-  stamp = _stamp(spec, seed, text_feature)
+  stamp = {'generator_version': GENERATOR_VERSION, 'seed': seed,
+           'spec': dataclasses.asdict(spec)}
+  if text_feature != 'roberta':
+    stamp['text_feature'] = text_feature
   if os.path.isfile(stamp_path):
     with open(stamp_path, encoding='utf-8') as f:
       if json.load(f) == json.loads(json.dumps(stamp)):
