@@ -1,14 +1,7 @@
-"""Video frames for text-video retrieval: sampling, decoding, CLIP preprocessing (T-MASS / X-Pool).
-
-* `sample_frame_indices`: which `num_samples` frames of a video the official loader reads
-  (`uniform`: the middle of each of `num_samples` equal segments; `rand`: a random frame of
-  each segment; short videos repeat their last frame).
-* `read_frame_folder` (a folder of jpg / jpeg / png frames) and `read_video_file` (a video file,
-  with the optional decoder `av` or `cv2`): uint8 `[T, H, W, 3]` RGB frames.
-* `clip_preprocess` (evaluation) and `clip_train_augment` (training), pure TensorFlow ops for
-  `tf.data`: uint8 frames -> float32 `[T, size, size, 3]` normalised with CLIP's mean and std.
-
-Every choice and every difference from the official code is listed in docs/text_video_data.md.
+"""Video frames for text-video retrieval (T-MASS / X-Pool): which frames the official loader
+samples (`sample_frame_indices`), reading them from frame folders or video files as uint8
+`[T, H, W, 3]` RGB, and CLIP preprocessing in TensorFlow ops for `tf.data`. Every choice and
+every difference from the official code: docs/text_video_data.md.
 """
 
 from collections.abc import Sequence
@@ -46,16 +39,8 @@ def sample_frame_indices(num_frames_in_video: int, num_samples: int = NUM_FRAMES
 
   The video's `n` frames are cut into `k = min(num_samples, n)` segments at
   `floor(linspace(0, n, k + 1))`; segment `[s, e)` gives `(s + e - 1) // 2` ('uniform') or a
-  random frame of `[s, e - 2]` ('rand', as the official `random.choice(range(s, e - 1))`; a
-  one-frame segment, where the official raises, gives `s`). A video with fewer than
-  `num_samples` frames yields its `n` frames and then repeats the last one.
-
-  Args:
-    num_frames_in_video: `n`, the number of frames (>= 1).
-    num_samples: frames to return (T-MASS: 12).
-    mode: 'uniform' (evaluation, and T-MASS's default for training) or 'rand'.
-    rng: random generator for 'rand' (default: a fresh, unseeded one).
-    video: the video's name, for error messages.
+  random frame of `[s, e - 2]` ('rand', drawn with `rng`; a one-frame segment gives `s`). A
+  video with fewer than `num_samples` frames repeats its last one. `video` names it in errors.
   """
   what = f'video {short(video)}' if video else 'video'
   if mode not in SAMPLE_MODES:
@@ -228,13 +213,8 @@ def _read_video_av(av, path: str, num_samples: int, mode: str, rng) -> np.ndarra
 def read_video_file(path: str, num_samples: int = NUM_FRAMES, mode: str = 'uniform',
                     rng: np.random.Generator | None = None, decoder: str | None = None
                     ) -> np.ndarray:
-  """The sampled frames of a video file: uint8 `[num_samples, H, W, 3]` RGB.
-
-  Needs the optional decoder `av` (PyAV, tried first) or `cv2`; without either raises an
-  ImportError saying what to install. With cv2 the frame count is the container's
-  (`CAP_PROP_FRAME_COUNT`) and frames are read by seeking, as the official loader; with av
-  it is the container's count when given and correct, else the decoded frames counted.
-  """
+  """The sampled frames of a video file: uint8 `[num_samples, H, W, 3]` RGB, decoded with the
+  optional `av` (PyAV, tried first) or `cv2` (frames read by seeking, as the official loader)."""
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f'video file {path} does not exist')
@@ -277,12 +257,8 @@ def center_crop(x: tf.Tensor, size: int) -> tf.Tensor:
 
 
 def clip_preprocess(frames: tf.Tensor, size: int = CLIP_SIZE) -> tf.Tensor:
-  """CLIP's evaluation transform on uint8 frames `[T, H, W, 3]` -> float32 `[T, size, size, 3]`.
-
-  Scale to [0, 1], resize the shorter side to `size` (bicubic, antialiased; values not
-  clipped), centre crop `size` x `size`, normalise with `CLIP_MEAN` / `CLIP_STD`. Pure
-  TensorFlow ops (usable in a `tf.data` map).
-  """
+  """CLIP's evaluation transform on uint8 frames `[T, H, W, 3]` -> float32 `[T, size, size, 3]`:
+  scale to [0, 1], resize the shorter side to `size`, centre crop, normalise."""
   frames = tf.convert_to_tensor(frames)
   if frames.dtype != tf.uint8:
     raise TypeError(f'clip_preprocess expects uint8 frames, got {frames.dtype.name}')
@@ -329,12 +305,9 @@ def random_resized_crop_box(height: tf.Tensor, width: tf.Tensor, seed: tf.Tensor
 
 
 def clip_train_augment(frames: tf.Tensor, seed: tf.Tensor, size: int = CLIP_SIZE) -> tf.Tensor:
-  """T-MASS's training transform on uint8 frames `[T, H, W, 3]` -> float32 `[T, size, size, 3]`.
-
-  One random resized crop (area 50-100 %, aspect 3/4-4/3; bilinear, not antialiased) and one
-  horizontal flip with probability 1/2 for all frames of the video, then CLIP's normalisation.
-  Deterministic given `seed` `[2]` int (stateless random ops).
-  """
+  """T-MASS's training transform on uint8 frames `[T, H, W, 3]` -> float32 `[T, size, size, 3]`:
+  one random resized crop and one horizontal flip (p = 1/2) for all frames of the video, then
+  CLIP's normalisation; deterministic given `seed` `[2]` int (stateless random ops)."""
   frames = tf.convert_to_tensor(frames)
   if frames.dtype != tf.uint8:
     raise TypeError(f'clip_train_augment expects uint8 frames, got {frames.dtype.name}')

@@ -1,24 +1,15 @@
 r"""Text-video retrieval annotations (T-MASS / X-Pool): MSR-VTT, DiDeMo and LSMDC.
 
-The readers (`read_msrvtt`, `read_didemo`, `read_lsmdc`, `read_split`) build each split the
-way the official T-MASS loaders do, as a `TextVideoSplit`: its videos and its
-(caption_id, video_id, text) pairs in the official order; `pair_order` is the order of
-those pairs in training and evaluation batches. The source's other jobs live beside it:
-
-* `text_video_frames.frame_dataset`: a `tf.data` pipeline of (video frames, tokenized
-  caption) pairs from folders of frame images (`<frames_root>/<video_id>/*.jpg`), CLIP
-  preprocessing inside the pipeline (`prvr_jax.data.frames`).
-* `text_video_features`: frozen-feature mode, precomputed CLIP features (HDF5 in) written as
-  a release folder in AMDNet's CLIP layout (`write_feature_release`, command line
-  `prvr-write-text-video`) and read back as (video, caption) pair batches (`feature_pairs`).
-
-Layouts, commands, every choice against the official code and the errors: docs/text_video_data.md.
+The readers (`read_msrvtt`, `read_didemo`, `read_lsmdc`, `read_split`) build each split as the
+official T-MASS loaders do: a `TextVideoSplit` of videos and (caption_id, video_id, text) pairs
+in the official order; `pair_order` orders those pairs in batches. Frames in:
+`text_video_frames`; precomputed CLIP features: `text_video_features`. Layouts, every choice
+against the official code and the errors: docs/text_video_data.md.
 """
 
 import collections
 import csv
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -139,14 +130,10 @@ def _require(path: str, what: str) -> str:
   return path
 
 
-def _open_text(path: str) -> io.TextIOWrapper:
-  return open(path, encoding='utf-8', newline='')
-
-
 def _csv_rows(path: str, what: str) -> Iterator[tuple[int, list[str]]]:
   """(line number where the row starts, fields) of a comma-separated file."""
   try:
-    with _open_text(path) as f:
+    with open(path, encoding='utf-8', newline='') as f:
       reader = csv.reader(f)
       line = 1
       for row in reader:

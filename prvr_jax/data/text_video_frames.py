@@ -32,7 +32,7 @@ def _tokens(tokenize: Callable[[list[str]], np.ndarray], texts: list[str]) -> np
 class FrameBatches:
   """(video, caption) pairs of `split` as batches, one pair per caption (the official items).
 
-  Iterating yields numpy dicts:
+  Iterating yields numpy dicts (docs/text_video_data.md):
 
     frames        [B, num_frames, size, size, 3] float32, CLIP-normalised
     tokens        [B, context_len] int32, `tokenize([text, ...])` rows
@@ -40,26 +40,14 @@ class FrameBatches:
     caption_index [B] int32, the caption's index in `split.captions` (-1: padding)
     valid         [B] bool, False for padding pairs
 
-  Args:
-    split: a `text_video.TextVideoSplit`.
-    frames_root: folder of `<video_id>/` frame folders (jpg / jpeg / png, natural order).
-    tokenize: texts -> int token ids `[N, context_len]` (the CLIP tokenizer; injected).
-    batch_size: pairs per batch.
-    num_frames: frames sampled per video (`frames.sample_frame_indices`).
-    mode: frame sampling, 'uniform' (evaluation; T-MASS's default for training too) or 'rand'.
-    train_augment: T-MASS's training transform (`frames.clip_train_augment`: random resized
-      crop, flip) instead of the evaluation transform (`frames.clip_preprocess`).
-    shuffle: shuffle the pairs every epoch (training); else split order (evaluation).
-    seed: seeds the shuffling, 'rand' sampling and augmentation (per epoch, reproducible).
-    num_epochs: epochs to yield (None: forever).
-    drop_remainder: drop the last partial batch of each epoch; else it is filled with
-      padding pairs (`valid` False, zero frames and tokens), so every batch has `batch_size`.
-    size: crop size (224).
-
-  Attributes:
-    dataset: the `tf.data.Dataset` of batch dicts.
-    num_examples (pairs per epoch), batches_per_epoch.
-    frame_files: video_id -> its frame image paths, in order.
+  `frames_root` holds `<video_id>/` frame folders; `tokenize` maps texts to int token ids
+  `[N, context_len]` (the CLIP tokenizer); `mode` samples frames ('uniform' or 'rand');
+  `train_augment` takes T-MASS's training transform instead of the evaluation one; `shuffle`
+  permutes the pairs every epoch, seeded by `seed` (as are 'rand' sampling and augmentation);
+  `num_epochs=None` repeats forever; the last partial batch of an epoch is dropped
+  (`drop_remainder`) or filled with padding pairs; `size` is the crop side. Attributes:
+  `dataset` (the `tf.data.Dataset`), `num_examples` (pairs per epoch), `batches_per_epoch`,
+  `frame_files` (video_id -> its frame image paths).
   """
 
   def __init__(self, split: text_video.TextVideoSplit, frames_root: str, *,
