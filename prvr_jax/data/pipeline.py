@@ -1,21 +1,14 @@
 """`tf.data` pipelines over feature shards: training batches and evaluation streams.
 
-Whole shard files are split across hosts (a contiguous block of files per
-`process_index`); every host yields the same number of batches, padding with masked
-items. Batches follow the batch contract of docs/design.md and come out as numpy dicts.
-
   shards = pipeline.open_shards(shard_dir)
   it = pipeline.train_iterator(shards, global_batch_size=128, seed=0, start_step=step)
-  it.steps_per_epoch, it.num_query_slots     # known up front
-  batch = next(it)                           # this host's [B_local, ...] numpy dict
-
   index = pipeline.eval_index(shards, 'test')          # ordered ids, ground truth, spans
   for batch in pipeline.eval_videos(shards, 'test', global_batch_size=100): ...
-  for batch in pipeline.eval_queries(shards, 'test', global_batch_size=50): ...
 
-Training is deterministic for a given seed and host count: the file order and the
-record shuffle of epoch `e` are seeded by `(seed, e, process_index)`, and `start_step`
-replays exactly the batches an uninterrupted run would have produced from that step.
+Whole shard files are split across hosts (a contiguous block per `process_index`); every host
+yields the same number of batches (numpy dicts of the batch contract, docs/design.md), padded
+with masked items. Training is deterministic for a seed and host count, and `start_step`
+replays exactly the batches of an uninterrupted run (docs/data_pipeline.md).
 """
 
 import dataclasses

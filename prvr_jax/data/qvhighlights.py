@@ -227,15 +227,10 @@ def merge_videos(splits: Mapping[str, Sequence[Query]],
                  segment_seconds: Mapping[str, float] | None = None) -> dict[str, list[Video]]:
   """Merges the segments of each YouTube source into one video; returns split -> videos.
 
-  A video holds every segment of its source found in any split (so one video id means the
-  same features in every split), in time order; a split's videos are the sources of its
-  queries in order of first appearance, with their captions in file order.
-
-  Args:
-    splits: split -> its queries (`read_splits`).
-    segment_seconds: vid -> the length of its features in seconds (rows * 2 s); default:
-      each segment's annotated `duration`. Windows past their segment's length are cut there
-      (`Caption.clipped`).
+  A video holds every segment of its source found in any split (one video id means the same
+  features in every split), in time order; a split's videos are the sources of its queries in
+  first-appearance order. `segment_seconds` (vid -> its features' length in seconds; default:
+  the annotated `duration`) places the segments; windows past it are cut (`Caption.clipped`).
   """
   sources = _segments_by_source(q for queries in splits.values() for q in queries)
   placed: dict[str, list[Segment]] = {}
@@ -347,15 +342,9 @@ def _check_inputs(feature_dir: str, videos: Sequence[Video], queries: Iterable[Q
 
 def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
                   splits: Mapping[str, str] = DEFAULT_SPLITS) -> dict[str, SplitCounts]:
-  """Converts the Moment-DETR release into `<out_dir>/qvhighlights/`; returns split -> counts.
-
-  Args:
-    annotation_dir: folder of `highlight_<split>_release.jsonl`.
-    feature_dir: folder of `slowfast_features/`, `clip_features/`, `clip_text_features/`.
-    out_dir: a new or empty folder.
-    splits: our split -> the release split read for it (default: train -> train, val and
-      test -> val).
-  """
+  """Converts the Moment-DETR release (`annotation_dir` of `highlight_<split>_release.jsonl`,
+  `feature_dir` of the three feature folders) into `<out_dir>/qvhighlights/` (`out_dir` new or
+  empty); `splits`: our split -> the release split read for it. Returns split -> counts."""
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise FileExistsError(f'refusing to write into --out={out_dir}: it is not empty '
                           f'({short(sorted(os.listdir(out_dir)))}); choose a new or empty folder')

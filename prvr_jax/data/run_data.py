@@ -3,12 +3,10 @@
   run_data.prepare_run_data(config, workdir)     # may generate or prepare; process 0 first
   data = run_data.open_run_data(config, workdir)  # reads only (`protocol.RunData`)
 
-`config.data.dir` is a shard folder (with manifest.json), or a release folder, prepared once
-into `<workdir>/shards`; an empty dir with `config.data.name == 'synthetic'` generates the
-synthetic benchmark into `<workdir>/synthetic` (size `config.data.synthetic_size`).
-`config.data.source='frames'` reads annotations and frame folders (`frame_data.FrameData`);
-`config.data.train_pairs=True` trains on the feature pairs of the release
-(`protocol.FeaturePairData`). Readers below this module never write.
+`config.data.dir` is a shard folder (with manifest.json) or a release folder, prepared once
+into `<workdir>/shards`; empty, with `config.data.name == 'synthetic'`, the synthetic
+benchmark is generated into `<workdir>/synthetic`. Frame data (`config.data.source='frames'`)
+needs no preparation. Readers below this module never write (docs/data_pipeline.md).
 """
 
 import json
