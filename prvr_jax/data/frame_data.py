@@ -1,14 +1,11 @@
 """A run's data as annotations plus frame folders (`config.data.source='frames'`): models that
 train a CLIP backbone end to end (T-MASS) read pixels and tokens instead of feature shards.
 
-  config.data.collection    'msrvtt' | 'didemo' | 'lsmdc' (the annotation reader)
-  config.data.annotations   the annotation folder (`prvr_jax.data.text_video.read_split`)
-  config.data.frames_dir    `<frames_dir>/<video_id>/*.jpg`
-  config.data.clip_vocab    the CLIP BPE vocabulary ('' = `clip.default_vocab_path()`)
-
-Training batches are (video, caption) pairs, one per caption, shuffled every epoch (the
-official items); batch row i is caption i with its own video. Evaluation encodes each video
-of a split once and every caption once (`EvalSplit`), so it ranks like every other model.
+`config.data.collection` ('msrvtt', 'didemo', 'lsmdc') and `annotations` name the annotation
+reader and folder (`text_video.read_split`), `frames_dir` holds `<video_id>/*.jpg`,
+`clip_vocab` the CLIP BPE vocabulary ('' = the default). Training batches are (video,
+caption) pairs, one per caption, shuffled every epoch (the official items); evaluation
+encodes each video once and every caption once, so it ranks like every other model.
 """
 
 import dataclasses

@@ -296,21 +296,12 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
                    visual_dim: int | None = None, query_dim: int | None = None,
                    skip_bad_items: bool = False, num_shards: int = 0,
                    train_split: str = 'train', allow_split_overlap: bool = False) -> str:
-  """Writes (or finishes) a shard folder; returns the path of its manifest.
+  """Writes (or finishes) the shard folder `out_dir` of a release; returns its manifest path.
 
-  Each split records a fingerprint of its inputs (`input_fingerprint`): a re-run skips the
-  splits made from the same inputs and rebuilds those whose release files changed. Counts in
-  the manifest are read back from the written shards.
-
-  Args:
-    release_dir: the release root (holding `<collection>/`) or the collection folder.
-    out_dir: the shard folder.
-    splits: split names (default: every split with a caption file).
-    visual_dim, query_dim: expected dims (a mismatch raises naming the config flag).
-    skip_bad_items: skip (and record in the manifest) bad videos / captions.
-    num_shards: shards per split; 0 = about 256 MiB each, at least 8.
-    train_split: the training split, which must share no video with the other splits (test
-      leakage) unless `allow_split_overlap` (then the overlap is recorded and warned about).
+  The release arguments are `release.Release`'s; `splits` defaults to every split with a
+  caption file; `num_shards=0` aims at 256 MiB a shard, at least 8. A re-run keeps the splits
+  made from the same inputs (`input_fingerprint`). `train_split` may share no video with
+  another split unless `allow_split_overlap` (then recorded and warned about).
   """
   if num_shards < 0:
     raise ValueError(f'--num_shards={num_shards}: the number of shards per split must be '

@@ -457,21 +457,13 @@ def _caption_splits(collection_dir: str, collection: str) -> list[str]:
 class Release:
   """One collection of the MS-SL feature release (or AMDNet's CLIP layout).
 
-  Args:
-    root: folder holding `<collection>/`, or the collection folder itself.
-    collection: e.g. 'tvr', 'activitynet', 'charades'; inferred when unambiguous.
-    visual_feature: BigFile folder under FeatureData ('i3d_resnet', 'i3d',
-      'i3d_rgb_lgi'); unused by the CLIP layout.
-    text_feature: 'roberta' (BigFile + RoBERTa tokens), 'clip_text' (BigFile + CLIP tokens)
-      or 'clip' (AMDNet CLIP HDF5 files).
-    num_clips, max_frames, max_query_len: official preprocessing sizes (32, 128, 30).
-    normalize: L2-normalise clips, frames and tokens; default True for the token layouts
-      ('roberta', 'clip_text') and False for 'clip' (as AMDNet).
-    visual_dim, query_dim: expected dims (`config.model.visual_dim` / `query_dim`);
-      a mismatch raises DataError naming the flag. None = take them from the data.
-    skip_bad_items: skip bad videos / captions instead of raising; see `ReleaseSplit.skipped`.
-    check_values: read every feature of a split when it is opened and check it is
-      finite (else non-finite values raise only when an item is read).
+  `root` holds `<collection>/` or is the collection folder (the collection is inferred when
+  unambiguous); `visual_feature` names the BigFile folder (unused by 'clip'). `num_clips`,
+  `max_frames`, `max_query_len` are the official preprocessing sizes; `normalize` defaults to
+  True for the token layouts and False for 'clip' (as AMDNet). `visual_dim` / `query_dim`
+  (`config.model.*_dim`, None: from the data) raise naming the flag on a mismatch.
+  `check_values` reads every feature of a split when it is opened (else non-finite values
+  raise when an item is read). See docs/data_release.md.
   """
 
   def __init__(self, root: str, collection: str | None = None, visual_feature: str | None = None,
