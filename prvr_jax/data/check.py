@@ -243,12 +243,6 @@ def _quiet_release_log() -> Iterator[None]:
 _FAILED = object()  # what `_Checker._try` returns when the call raised
 
 
-def _derived(reason: str) -> bool:
-  """A skip the reader derives from another item's problem (reported for that item)."""
-  return reason == 'all of its captions were skipped' or (
-      reason.startswith('its video ') and reason.endswith(' was skipped'))
-
-
 class _Checker:
   """One check of `config.data`; `run` fills and returns a `Report`."""
 
@@ -400,9 +394,8 @@ class _Checker:
     if split is _FAILED:
       return
     self._try(split_moments, self.rel, split)
-    for _, reason in split.skipped:
-      if not _derived(reason):
-        report.problem(reason)
+    for problem in split.problems:
+      report.problem(problem)
     if split.visual_dim is not None:
       report.dims.setdefault('visual', split.visual_dim)
     if split.query_dim is not None:

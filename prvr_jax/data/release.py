@@ -52,11 +52,10 @@ def video_id_of(cap_id: str) -> str:
   return cap_id.split('#', 1)[0]
 
 
-def _raise_problems(problems: Sequence[str], what: str) -> None:
-  if problems:
-    raise DataError(f'{len(problems)} bad item(s) in {what}:\n'
-                    f'{listing(problems, limit=_MAX_LISTED)}\n'
-                    'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
+def _bad_items(problems: Sequence[str], what: str) -> DataError:
+  return DataError(f'{len(problems)} bad item(s) in {what}:\n'
+                   f'{listing(problems, limit=_MAX_LISTED)}\n'
+                   'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
 
 
 def _require_files(paths: Sequence[str], what: str) -> None:
@@ -561,6 +560,8 @@ class ReleaseSplit:
     caption_ids: cap ids in file order (eval query rows).
     video_ids: unique video ids in first-appearance order (eval columns).
     skipped: `[(id, reason)]` of skipped videos / captions (skip mode only).
+    problems: the problem of each bad video / caption (skip mode; the items skipped because
+      of another's problem are in `skipped` only).
   """
 
   def __init__(self, release: Release, name: str):
@@ -569,6 +570,7 @@ class ReleaseSplit:
     self.caption_file = release.layout.caption_path(name)
     captions = read_captions(self.caption_file)
     self.skipped: list[tuple[str, str]] = []
+    self.problems: list[str] = []
     # The dims of the data (`config.model.*_dim` when given), set by the first item checked.
     self.visual_dim: int | None = release.expected_visual_dim
     self.query_dim: int | None = release.expected_query_dim
@@ -749,16 +751,16 @@ class ReleaseSplit:
       check_video, check_caption = self._check_video, self._check_caption
     bad_videos = {v: p for v in self.video_ids if (p := check_video(v))}
     bad_captions = {c: p for c in self.caption_ids if (p := check_caption(c))}
-    if not bad_videos and not bad_captions:
+    problems = [*bad_videos.values(), *bad_captions.values()]
+    if not problems:
       return
     what = f'split {self.name!r} of {rel.layout.collection_dir} ({self.caption_file})'
     if not rel.skip_bad_items:
-      _raise_problems(list(bad_videos.values()) + list(bad_captions.values()), what)
+      raise _bad_items(problems, what)
     kept = [(c, t) for c, t in self.captions
             if c not in bad_captions and video_id_of(c) not in bad_videos]
     if not kept:
-      _raise_problems(list(bad_videos.values()) + list(bad_captions.values()),
-                      what + ' (every item is bad)')
+      raise _bad_items(problems, what + ' (every item is bad)')
     kept_videos = set(video_ids_in_order(kept))
     skipped = list(bad_videos.items()) + list(bad_captions.items())
     skipped += [(c, f'its video {short(video_id_of(c))} was skipped') for c in self.caption_ids
@@ -767,6 +769,7 @@ class ReleaseSplit:
                 if v not in bad_videos and v not in kept_videos]
     n_videos, n_captions = len(self.video_ids) - len(kept_videos), len(self.caption_ids) - len(kept)
     self.skipped.extend(skipped)
+    self.problems += problems
     self._set_captions(kept)
     _log.warning('%s: skipped %d video(s) and %d caption(s) with bad data (see split.skipped); '
                  'first: %s', what, n_videos, n_captions, skipped[0][1])
