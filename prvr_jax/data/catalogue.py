@@ -37,21 +37,15 @@ class Count:
 
 @dataclasses.dataclass(frozen=True)
 class FeatureRelease:
-  """What one release holds, as published.
+  """What one release holds, as published (named e.g. 'ms-sl/tvr').
 
-  Attributes:
-    name: catalogue name, e.g. 'ms-sl/tvr'.
-    title: one line for reports.
-    layout: 'bigfile' (BigFile frames + token features: `text_feature` 'roberta' or
-      'clip_text'), 'clip' (AMDNet's CLIP HDF5 files) or 'frames' (annotations and frame
-      folders, `config.data.source='frames'`).
-    collection, visual_feature, text_feature: the `config.data` fields naming it.
-    visual_dim, query_dim: feature dims (None: the layout has no stored features).
-    splits: `(split, Count)` pairs with published sizes.
-    total: distinct videos / captions over all caption files, where only the total is known.
-    frames_per_video: the exact number of frame features of every video, where fixed.
-    extra_files: further files the release has, relative to the collection folder.
-    sources: where the figures come from (keys of the module docstring).
+  `layout` is 'bigfile' (BigFile frames + token features), 'clip' (AMDNet's CLIP HDF5 files)
+  or 'frames' (annotations and frame folders); `collection`, `visual_feature`,
+  `text_feature` are the `config.data` fields naming it; dims are None where nothing is
+  stored; `splits` pairs splits with published sizes, `total` counts distinct videos /
+  captions over all caption files where only that is known; `frames_per_video` is set where
+  fixed; `extra_files` are relative to the collection folder; `sources` cites the module
+  docstring's keys.
   """
   name: str
   title: str

@@ -123,13 +123,10 @@ def cheap_check(config: Any, expected: catalogue.FeatureRelease | None = None, *
                 use_catalogue: bool = True, record: str | None = None) -> Report:
   """Files, dims (headers, HDF5 metadata), counts, ids and file sizes; reads no feature value.
 
-  Args:
-    config: a model config; its `config.data` names the release.
-    expected: the catalogue entry to compare with (default: `catalogue.lookup(config)`).
-    use_catalogue: False compares with no entry (a release of one's own): no published dims
-      or split sizes.
-    record: the checksum record (default `<collection folder>/prvr_checksums.json`); file
-      sizes are compared with it when it exists.
+  `config.data` names the release; `expected` is the catalogue entry compared with (default
+  `catalogue.lookup(config)`; none with `use_catalogue=False`: a release of one's own);
+  file sizes are compared with the checksum `record` (default
+  `<collection folder>/prvr_checksums.json`) when it exists.
   """
   return _Checker(config, expected, use_catalogue, record).run(full=False)
 
@@ -152,13 +149,8 @@ def check_release(config: Any, expected: catalogue.FeatureRelease | None = None,
                   use_catalogue: bool = True, record: str | None = None,
                   update_record: bool = False, progress: bool = True) -> Report:
   """`cheap_check`, then every feature value and a checksum of every file (one streaming
-  pass); records the checksums when no record exists (or `update_record`), else compares.
-
-  Args:
-    config, expected, use_catalogue, record: as `cheap_check`.
-    update_record: replace an existing checksum record with the current checksums.
-    progress: show a progress bar (bytes) on stderr.
-  """
+  pass, a progress bar on stderr with `progress`); records the checksums when no record
+  exists (or with `update_record`), else compares them with the record."""
   checker = _Checker(config, expected, use_catalogue, record)
   return checker.run(full=True, update_record=update_record, progress=progress)
 

@@ -43,7 +43,6 @@ ANNOTATION_FILE = 'highlight_{}_release.jsonl'
 SLOWFAST_DIR, CLIP_DIR, TEXT_DIR = 'slowfast_features', 'clip_features', 'clip_text_features'
 
 _YOUTUBE_ID = re.compile(r'[A-Za-z0-9_-]+')
-_MAX_LISTED = 5
 
 DataError = release_lib.DataError
 
@@ -334,7 +333,7 @@ def _check_inputs(feature_dir: str, videos: Sequence[Video], queries: Iterable[Q
   missing = [p for p in paths if not os.path.isfile(p)]
   if missing:
     raise FileNotFoundError(f'{len(missing)} of {len(paths)} feature files are missing under '
-                            f'{feature_dir}:\n{listing(missing, limit=_MAX_LISTED)}')
+                            f'{feature_dir}:\n{listing(missing, limit=release_lib.MAX_LISTED)}')
 
 
 # ----------------------------------------------------------------------------- writing
@@ -376,7 +375,7 @@ def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,
                                for v in videos for c in v.captions if c.clipped))
   if clipped:
     _log.warning('%d caption(s) have a window past the end of their segment\'s features, cut '
-                 'there:\n%s', len(clipped), listing(clipped, limit=_MAX_LISTED))
+                 'there:\n%s', len(clipped), listing(clipped, limit=release_lib.MAX_LISTED))
   for pair, shared in split_overlaps(tables).items():
     _log.warning('%s share %d YouTube source(s) (e.g. %s): prepare refuses these splits unless '
                  'config.data.allow_split_overlap=True', pair, len(shared), short(shared[:3]))

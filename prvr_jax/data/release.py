@@ -37,7 +37,7 @@ _QUERY_FEATURE_FILES = {
 }
 _SPLIT_ORDER = ('train', 'val', 'test')
 _CAPTION_SUFFIX = '.caption.txt'
-_MAX_LISTED = 5
+MAX_LISTED = 5  # bad items listed in a data error
 # The most elements one caption's or one video's feature array may declare (256 MiB of
 # float32): a file declaring more is refused from its metadata, before anything is read.
 MAX_FEATURE_ELEMENTS = 1 << 26
@@ -54,7 +54,7 @@ def video_id_of(cap_id: str) -> str:
 
 def _bad_items(problems: Sequence[str], what: str) -> DataError:
   return DataError(f'{len(problems)} bad item(s) in {what}:\n'
-                   f'{listing(problems, limit=_MAX_LISTED)}\n'
+                   f'{listing(problems, limit=MAX_LISTED)}\n'
                    'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
 
 

@@ -20,8 +20,6 @@ from prvr_jax.data.release import DataError
 from prvr_jax.data.text_video import CLIP_DIM, TEXT_FEATURE, VISUAL_FEATURE
 from prvr_jax.files import listing, short
 
-_MAX_LISTED = 5
-
 
 @dataclasses.dataclass(frozen=True)
 class FeatureCounts:
@@ -51,7 +49,7 @@ def _check_features(h5: release_lib.H5Features, ids: Sequence[str], kind: str, d
                       f'expected {expected} (--dim={dim})')
   if missing:
     raise DataError(f'{len(missing)} of {len(ids)} {kind}s have no features in {h5.path}:\n'
-                    f'{listing(missing, limit=_MAX_LISTED)}')
+                    f'{listing(missing, limit=release_lib.MAX_LISTED)}')
 
 
 def _read_finite(h5: release_lib.H5Features, key: str, kind: str) -> np.ndarray:

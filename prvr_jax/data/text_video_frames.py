@@ -12,10 +12,8 @@ import tensorflow as tf
 
 from prvr_jax.data import frames as frames_lib
 from prvr_jax.data import text_video
-from prvr_jax.data.release import DataError
+from prvr_jax.data.release import MAX_LISTED, DataError
 from prvr_jax.files import listing
-
-_MAX_LISTED = 5
 
 
 def _tokens(tokenize: Callable[[list[str]], np.ndarray], texts: list[str]) -> np.ndarray:
@@ -90,7 +88,7 @@ class FrameBatches:
       raise FileNotFoundError(
           f'{len(missing)} of {len(split.video_ids)} videos of {split.dataset} split '
           f'{split.name!r} have no frame folder <frames_root>/<video_id>:\n'
-          f'{listing(missing, limit=_MAX_LISTED)}')
+          f'{listing(missing, limit=MAX_LISTED)}')
     return out
 
   def __len__(self) -> int:
