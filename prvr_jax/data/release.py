@@ -345,13 +345,12 @@ class H5Features:
 
 
 class CaptionFeatures(H5Features):
-  """Token features (RoBERTa, or CLIP for 'clip_text'): cap_id -> `[n_tokens, Dq]`."""
+  """Query features: cap_id -> token features `[n_tokens, Dq]` (RoBERTa, or CLIP for
+  'clip_text'), or AMDNet's CLIP sentence vector `[Dq]` (or `[1, Dq]`)."""
   kind = 'caption id'
 
 
-class ClipQueryFeatures(H5Features):
-  """AMDNet CLIP sentence features: cap_id -> `[Dq]` (or `[1, Dq]`)."""
-  kind = 'caption id'
+ClipQueryFeatures = CaptionFeatures  # AMDNet's CLIP sentence features, read the same way
 
 
 class ClipVideoFeatures(H5Features):
@@ -524,9 +523,8 @@ class Release:
     return ClipVideoFeatures(self.layout.clip_video_feature_path)
 
   @functools.cached_property
-  def queries(self) -> H5Features:
-    cls = ClipQueryFeatures if self.is_clip else CaptionFeatures
-    return cls(self.layout.query_feature_path)
+  def queries(self) -> CaptionFeatures:
+    return CaptionFeatures(self.layout.query_feature_path)
 
   def close(self) -> None:
     """Closes the HDF5 files that were opened (they reopen on the next read)."""
