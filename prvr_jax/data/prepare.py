@@ -27,6 +27,7 @@ from tensorflow_datasets.core import writer as tfds_writer
 
 from prvr_jax import files
 from prvr_jax.files import short
+from prvr_jax.data import catalogue
 from prvr_jax.data import check
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
@@ -140,12 +141,11 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
   QVHighlights: convert the Moment-DETR release first with
   `prvr-write-qvhighlights` (docs/qvhighlights.md).
   """
+  # The catalogue's BigFile releases (MS-SL's, QVHighlights), and the synthetic benchmark.
   BUILDER_CONFIGS = [
-      PrvrConfig(name='tvr', collection='tvr', visual_feature='i3d_resnet'),
-      PrvrConfig(name='activitynet', collection='activitynet', visual_feature='i3d'),
-      PrvrConfig(name='charades', collection='charades', visual_feature='i3d_rgb_lgi'),
-      PrvrConfig(name='qvhighlights', collection='qvhighlights', visual_feature='slowfast_clip',
-                 text_feature='clip_text'),
+      *(PrvrConfig(name=e.collection, collection=e.collection, visual_feature=e.visual_feature,
+                   text_feature=e.text_feature)
+        for e in catalogue.CATALOGUE.values() if e.layout == 'bigfile'),
       PrvrConfig(name='synthetic', collection='synthetic', visual_feature='synthetic'),
   ]
   # TFDS infers this through `importlib_resources`, which it does not install; the

@@ -33,12 +33,9 @@ ROLES = ('train', 'val', 'test')
 class Batching:
   """How a run batches its data: the one place `config.train.batch_size` is read.
 
-  Attributes:
-    batch_size: global training batch (videos for `ShardData`, pairs for pair sources).
-    seed: the training shuffle's seed.
-    video_batch_size, query_batch_size: global evaluation batches.
-    split_names: 'train' / 'val' / 'test' -> the source's split name
-      (`config.data.{train,val,test}_split`).
+  `batch_size` is the global training batch (videos for `ShardData`, pairs for pair sources),
+  `seed` the training shuffle's, `video_batch_size` / `query_batch_size` the global evaluation
+  batches; `split_names` maps 'train' / 'val' / 'test' to `config.data.{role}_split`.
   """
   batch_size: int
   seed: int
@@ -125,13 +122,10 @@ def global_pair_batches(pairs: Iterable[dict[str, np.ndarray]], start_step: int,
 class ShardData(RunData):
   """TFRecord shards (`pipeline.ShardDataset`), one training item per video.
 
-  Attributes:
-    shards: the opened shard folder.
-    batching: as `RunData`.
-    shuffle_buffer: records in the training shuffle buffer (`config.data.shuffle_buffer`).
-    max_queries_per_batch: query slots per host batch, 0 = enough for any batch.
-    host_sharded_reading: each host reads its own shard files (the batches then depend on
-      the host count); False: every host reads the single-host stream and feeds its block.
+  `shuffle_buffer`, `max_queries_per_batch` (0: enough for any batch) and
+  `host_sharded_reading` are `config.data`'s: with the latter each host reads its own shard
+  files (the batches then depend on the host count), else every host reads the single-host
+  stream and feeds its block.
   """
   shards: pipeline.ShardDataset
   batching: Batching

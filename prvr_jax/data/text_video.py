@@ -259,12 +259,9 @@ def _didemo_time(value: str, where: str, column: str) -> int:
 
 
 def read_didemo(annotation_dir: str, split: str) -> TextVideoSplit:
-  """DiDeMo as the official loader: one row of `didemo_<split>_label.csv` per video, its
-  captions already joined into one paragraph (`text`), in file order.
-
-  Video id: the video file's name without extension (its frame folder); caption id: the
-  official `data_id` (`<split>_data_id_00042`, from `formatted_data`).
-  """
+  """DiDeMo as the official loader: one row of `didemo_<split>_label.csv` per video (video id:
+  its file name without extension), its captions already one paragraph (`text`); caption id:
+  the official `data_id` (`<split>_data_id_00042`)."""
   if split not in ('train', 'val', 'test'):
     raise ValueError(f'DiDeMo split must be train, val or test, got {split!r}')
   path = _require(os.path.join(annotation_dir, DIDEMO_FILE.format(split)), 'DiDeMo')
@@ -302,13 +299,9 @@ def read_didemo(annotation_dir: str, split: str) -> TextVideoSplit:
 
 
 def read_lsmdc(annotation_dir: str, split: str) -> TextVideoSplit:
-  """LSMDC as the official loader: one clip per line of the tab-separated file (6 fields:
-  clip id, 4 times, sentence), its sentence the caption; caption id = clip id.
-
-  Train: `LSMDC16_annos_training.csv`; test: `LSMDC16_challenge_1000_publictect.csv`;
-  val (not read by the official code): `LSMDC16_annos_val.csv`. A leading '"' of a clip id is
-  dropped and clips the official reader skips (`LSMDC_SKIPPED`) are skipped and recorded.
-  """
+  """LSMDC as the official loader: one clip per line of `LSMDC_FILES[split]` (6 tab-separated
+  fields: clip id, 4 times, sentence); caption id = clip id, a leading '"' dropped; the clips
+  the official reader skips (`LSMDC_SKIPPED`) are skipped and recorded."""
   if split not in LSMDC_FILES:
     raise ValueError(f'LSMDC split must be one of {sorted(LSMDC_FILES)}, got {split!r}')
   path = _require(os.path.join(annotation_dir, LSMDC_FILES[split]), 'LSMDC')
