@@ -217,9 +217,6 @@ def check_split_overlaps(collection_dir: str, overlaps: dict[str, dict[str, Any]
                described)
 
 
-# ----------------------------------------------------------------------------- checking
-
-
 @contextlib.contextmanager
 def _quiet_release_log() -> Iterator[None]:
   """Silences the reader's 'skipped N bad items' warnings: each item is a problem here."""
@@ -310,8 +307,6 @@ class _Checker:
       self.report.problem(f'{where} has {found.videos:,} videos and {found.captions:,} '
                           f'captions, {expected.name} has {want.videos:,} / '
                           f'{want.captions:,} ({expected.sources})')
-
-  # ---- the release, metadata only
 
   def _open(self) -> bool:
     """Opens the release and its readers; False when nothing further can be checked."""
@@ -454,8 +449,6 @@ class _Checker:
         report.notes.append(f'{path}: {len(unused):,} {kind} id(s) no caption file uses, '
                             f'e.g. {short(unused[0])}')
 
-  # ---- the values and checksums, streaming
-
   def _files(self) -> list[str]:
     """Every file of the release that exists: caption files, feature files, extra files."""
     layout = self.rel.layout
@@ -533,8 +526,6 @@ class _Checker:
                             f'{short(key)} ({int((~np.isfinite(x)).sum())} value(s))')
     return digest.hexdigest()
 
-  # ---- the checksum record
-
   @property
   def record_path(self) -> str:
     return self.record or os.path.join(self.rel.layout.collection_dir, CHECKSUMS_FILE)
@@ -606,9 +597,8 @@ class _Checker:
       return
     report.checksums = f'{"updated" if record else "recorded"} {len(current)} files in {path}'
 
-  # ---- annotations and frame folders (config.data.source='frames')
-
   def _check_frames(self) -> None:
+    """Annotations and frame folders (`config.data.source='frames'`)."""
     data, report = self.data, self.report
     missing = [f for f in ('annotations', 'frames_dir') if not data.get(f)]
     if missing:

@@ -26,23 +26,13 @@ from prvr_jax.eval.splits import EvalSplit
 
 @dataclasses.dataclass
 class FrameData(protocol.RunData):
-  """The splits of a text-video dataset, its frame folders and its tokenizer.
-
-  Attributes:
-    dir: the frame folder (named in messages, like a shard folder's `dir`).
-    splits: our split name ('train', 'val', 'test') -> its annotations.
-    tokenize: captions -> `[N, context_length]` int32 CLIP tokens.
-    annotations: the annotation folder.
-    image_size: the backbone's input side (frames are resized and cropped to it).
-    num_frames: frames sampled per video (`config.model.num_frames`).
-    batching: as `protocol.RunData`.
-  """
-  dir: str
-  splits: dict[str, text_video.TextVideoSplit]
-  tokenize: Callable[[list[str]], np.ndarray]
-  annotations: str
-  image_size: int
-  num_frames: int
+  """The splits of a text-video dataset, its frame folders and its tokenizer."""
+  dir: str  # the frame folder (named in messages, like a shard folder's `dir`)
+  splits: dict[str, text_video.TextVideoSplit]  # our split name -> its annotations
+  tokenize: Callable[[list[str]], np.ndarray]  # captions -> `[N, context_length]` int32
+  annotations: str  # the annotation folder
+  image_size: int  # the backbone's input side (frames are resized and cropped to it)
+  num_frames: int  # frames sampled per video (`config.model.num_frames`)
   batching: protocol.Batching
 
   def identity(self) -> dict[str, Any]:

@@ -29,9 +29,6 @@ _CROP_ATTEMPTS = 10  # torchvision's tries before its fallback crop
 _VIDEO_READ_RETRIES = 5  # T-MASS: frames read past a failed one before giving up
 
 
-# ----------------------------------------------------------------------------- sampling
-
-
 def sample_frame_indices(num_frames_in_video: int, num_samples: int = NUM_FRAMES,
                          mode: str = 'uniform', rng: np.random.Generator | None = None,
                          video: str = '') -> np.ndarray:
@@ -63,9 +60,6 @@ def sample_frame_indices(num_frames_in_video: int, num_samples: int = NUM_FRAMES
   return idx.astype(np.int64)
 
 
-# ----------------------------------------------------------------------------- frame folders
-
-
 def _natural_key(name: str) -> list:
   """'f2.jpg' < 'f10.jpg': digit runs compare as numbers (zero-padded names sort as text)."""
   return [(0, int(part), part) if part.isdigit() else (1, 0, part)
@@ -73,11 +67,8 @@ def _natural_key(name: str) -> list:
 
 
 def list_frame_files(folder: str, video: str = '') -> list[str]:
-  """The frame images of a folder (.jpg / .jpeg / .png, any case), in natural name order.
-
-  Other files are ignored. A missing folder raises FileNotFoundError, a folder without frames
-  DataError, both naming the folder (and `video`).
-  """
+  """The frame images of a folder (.jpg / .jpeg / .png, any case; other files are ignored), in
+  natural name order; errors name the folder (and `video`)."""
   what = f'video {short(video)}: ' if video else ''
   folder = os.fspath(folder)
   if not os.path.isdir(folder):
@@ -108,11 +99,8 @@ def decode_image(path: str) -> np.ndarray:
 
 
 def decode_frames(paths: Sequence[str]) -> np.ndarray:
-  """Decodes frame images (a path may repeat; it is decoded once) to uint8 `[T, H, W, 3]`.
-
-  Frames of one video must have one size: a frame of another size raises DataError naming both
-  files and sizes.
-  """
+  """Decodes frame images (a path may repeat; it is decoded once) to uint8 `[T, H, W, 3]`;
+  they must have one size (a frame of another size raises naming both files and sizes)."""
   if not len(paths):
     raise ValueError('no frame paths to decode')
   decoded: dict[str, np.ndarray] = {}
@@ -130,17 +118,11 @@ def decode_frames(paths: Sequence[str]) -> np.ndarray:
 
 def read_frame_folder(folder: str, num_samples: int = NUM_FRAMES, mode: str = 'uniform',
                       rng: np.random.Generator | None = None, video: str = '') -> np.ndarray:
-  """The sampled frames of a frame folder: uint8 `[num_samples, H, W, 3]` RGB.
-
-  The folder's images (`list_frame_files`) are the video's frames in order; only the sampled
-  ones are decoded (`sample_frame_indices(len(files), num_samples, mode, rng)`).
-  """
+  """The sampled frames of a frame folder (`list_frame_files`, the video's frames in order):
+  uint8 `[num_samples, H, W, 3]` RGB; only the sampled ones are decoded."""
   paths = list_frame_files(folder, video)
   idx = sample_frame_indices(len(paths), num_samples, mode, rng, video=video or folder)
   return decode_frames([paths[i] for i in idx])
-
-
-# ----------------------------------------------------------------------------- video files
 
 
 def _import_decoder(decoder: str | None):
@@ -223,19 +205,14 @@ def read_video_file(path: str, num_samples: int = NUM_FRAMES, mode: str = 'unifo
   return read(module, path, num_samples, mode, rng)
 
 
-# ----------------------------------------------------------------------------- CLIP preprocessing
-
-
 def _normalize(x: tf.Tensor) -> tf.Tensor:
   return (x - tf.constant(CLIP_MEAN, tf.float32)) / tf.constant(CLIP_STD, tf.float32)
 
 
 def resize_shorter_side(x: tf.Tensor, size: int) -> tf.Tensor:
-  """float `[T, H, W, C]` with its shorter side resized to `size` (bicubic, antialiased).
-
-  The longer side becomes `int(size * long / short)` (torchvision's `Resize(size)`); an image
-  already of that size is returned unchanged.
-  """
+  """float `[T, H, W, C]` with its shorter side resized to `size` (bicubic, antialiased) and
+  the longer to `int(size * long / short)`, as torchvision's `Resize(size)`; an image already
+  of that size is returned unchanged."""
   shape = tf.shape(x)
   h, w = shape[1], shape[2]
   short_side, long_side = tf.minimum(h, w), tf.maximum(h, w)

@@ -35,9 +35,6 @@ _VERIFIED: set[tuple[str, int, int, str]] = set()
 _CYCLE_LENGTH = 8  # shard files read in parallel (and interleaved) per host
 
 
-# ----------------------------------------------------------------------------- manifest
-
-
 @dataclasses.dataclass(frozen=True)
 class Shard:
   """One TFRecord file of a split."""
@@ -220,9 +217,6 @@ def _local(global_size: int, process_count: int, flag: str) -> int:
   return global_size // process_count
 
 
-# ----------------------------------------------------------------------------- parsing
-
-
 class _Parser:
   """Turns a serialized record into padded per-video tensors (shapes of the batch contract)."""
 
@@ -292,18 +286,10 @@ class _NumpyIterator:
           'Captions are never dropped.') from None
 
 
-# ----------------------------------------------------------------------------- training
-
-
 class TrainIterator(_NumpyIterator):
-  """This host's training batches (numpy dicts of the training-batch contract).
-
-  Attributes:
-    steps_per_epoch: batches per epoch, the same on every host.
-    local_batch_size: videos per host batch (`B`).
-    num_query_slots: query slots per batch (`Q`).
-    start_step: global step of the first batch yielded.
-  """
+  """This host's training batches (numpy dicts of the training-batch contract): known up
+  front, `steps_per_epoch` (the same on every host), `local_batch_size` (videos per host batch,
+  `B`), `num_query_slots` (`Q`) and `start_step` (the global step of the first batch)."""
 
   def __init__(self, ds, length, max_queries, *, steps_per_epoch, local_batch_size, start_step):
     super().__init__(ds, length, max_queries)
@@ -381,15 +367,11 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
                    verify: bool = True, prefetch: int = 2) -> TrainIterator:
   """Shuffled, repeated training batches of this host, from global step `start_step`.
 
-  Args:
-    global_batch_size: videos per global batch (a multiple of `process_count`).
-    seed: shuffling seed; epoch `e` is shuffled by `(seed, e, process_index)`.
-    start_step: first global step to yield (resumes exactly).
-    num_epochs: stop at the end of this epoch (counted from step 0; `None`: repeat forever).
-    max_queries_per_batch: query slots `Q` per host batch; 0 = enough for any batch.
-    process_index, process_count: this host and the host count (default: from jax).
-    shuffle_buffer: records in the shuffle buffer (after a per-epoch file shuffle).
-    verify: check the sha256 of this host's shard files (once per process).
+  `global_batch_size` videos (a multiple of `process_count`) a step; epoch `e` is shuffled by
+  `(seed, e, process_index)` (files, then records through `shuffle_buffer`); `start_step`
+  resumes exactly; `num_epochs` stops at the end of that epoch (None: forever);
+  `max_queries_per_batch` query slots a host batch (0: enough for any batch); hosts default to
+  jax's; `verify` checks the sha256 of this host's shard files (once per process).
   """
   s, mine, local, process_count = _host_split(shards, split, global_batch_size, process_index,
                                               process_count, verify)
@@ -436,25 +418,14 @@ def train_iterator(shards: ShardDataset, split: str = 'train', *, global_batch_s
                        start_step=start_step)
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
 @dataclasses.dataclass(frozen=True)
 class EvalIndex:
-  """Ordered ids of an evaluation split.
-
-  Attributes:
-    video_ids: `[Nv]` score-matrix columns, in first-appearance order.
-    caption_ids: `[Nq]` score-matrix rows, in caption-file order.
-    caption_video_index: `[Nq]` int64 ground-truth column of each caption.
-    spans: `[Nq, 2]` float32 moment (start, end) in seconds, -1 when unknown.
-    durations: `[Nq]` float32 duration of each caption's video, -1 when unknown.
-  """
-  video_ids: list[str]
-  caption_ids: list[str]
-  caption_video_index: np.ndarray
-  spans: np.ndarray
-  durations: np.ndarray
+  """Ordered ids of an evaluation split."""
+  video_ids: list[str]  # [Nv] score-matrix columns, in first-appearance order
+  caption_ids: list[str]  # [Nq] score-matrix rows, in caption-file order
+  caption_video_index: np.ndarray  # [Nq] int64 ground-truth column of each caption
+  spans: np.ndarray  # [Nq, 2] float32 moment (start, end) in seconds, -1 when unknown
+  durations: np.ndarray  # [Nq] float32 duration of each caption's video, -1 when unknown
 
   @property
   def has_spans(self) -> bool:

@@ -42,9 +42,6 @@ TARGET_SHARD_BYTES = 256 << 20
 MIN_SHARDS = 8
 
 
-# ----------------------------------------------------------------------------- record
-
-
 def shard_features() -> tfds.features.FeaturesDict:
   """The TFDS feature spec of one video record."""
   f32 = dict(dtype=np.float32, encoding=tfds.features.Encoding.BYTES)
@@ -94,9 +91,6 @@ def video_examples(split: release_lib.ReleaseSplit,
     }
 
 
-# ----------------------------------------------------------------------------- TFDS builder
-
-
 class _CanonicalExampleWriter(tfds_writer.ExampleWriter):
   """Writes tf.Examples with their feature map sorted by key.
 
@@ -109,7 +103,6 @@ class _CanonicalExampleWriter(tfds_writer.ExampleWriter):
     canonical = ((key, example_pb2.Example.FromString(data).SerializeToString(deterministic=True))
                  for key, data in examples)
     return super().write(path, canonical)
-
 
 
 @dataclasses.dataclass
@@ -182,9 +175,6 @@ class PrvrFeatures(tfds.core.GeneratorBasedBuilder,
   def _generate_examples(self, release: release_lib.Release, name: str):
     split = release.split(name)
     yield from video_examples(split, check.split_moments(release, split))
-
-
-# ----------------------------------------------------------------------------- command line
 
 
 # Input files up to this size are fingerprinted by their content, larger ones (the feature

@@ -111,9 +111,6 @@ class SplitCounts:
   clipped_windows: int  # captions with a window cut at its segment's feature end
 
 
-# ----------------------------------------------------------------------------- annotations
-
-
 def _number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -197,9 +194,6 @@ def read_splits(annotation_dir: str, splits: Mapping[str, str] = DEFAULT_SPLITS
   return {ours: read[theirs] for ours, theirs in splits.items()}
 
 
-# ----------------------------------------------------------------------------- merging
-
-
 def _segments_by_source(queries: Iterable[Query]) -> dict[str, list[Query]]:
   """youtube_id -> one query per segment, in time order; checks qids and segments agree."""
   by_qid: dict[int, Query] = {}
@@ -277,9 +271,6 @@ def split_overlaps(tables: Mapping[str, Sequence[Video]], train_split: str = 'tr
   return {f'{train_split}&{name}': ids for name, ids in shared.items()}
 
 
-# ----------------------------------------------------------------------------- features
-
-
 def feature_paths(feature_dir: str, vid: str) -> tuple[str, str]:
   """The SlowFast and CLIP `.npz` files of a segment."""
   return (os.path.join(feature_dir, SLOWFAST_DIR, f'{vid}.npz'),
@@ -334,9 +325,6 @@ def _check_inputs(feature_dir: str, videos: Sequence[Video], queries: Iterable[Q
   if missing:
     raise FileNotFoundError(f'{len(missing)} of {len(paths)} feature files are missing under '
                             f'{feature_dir}:\n{listing(missing, limit=release_lib.MAX_LISTED)}')
-
-
-# ----------------------------------------------------------------------------- writing
 
 
 def build_release(annotation_dir: str, feature_dir: str, out_dir: str, *,

@@ -52,24 +52,17 @@ LSMDC_SKIPPED = ('1012_Unbreakable_00.05.16.065-00.05.21.941',)  # skipped by th
 class TextVideoSplit:
   """One split: its videos and its caption pairs, in the official order.
 
-  Attributes:
-    dataset: 'msrvtt', 'didemo' or 'lsmdc'.
-    name: the official split read ('train', 'test'; 'val' where a file exists).
-    video_ids: unique video ids, in the official order (first appearance); the frame folder
-      of a video is `<frames_root>/<video_id>`.
-    captions: `(caption_id, video_id, text)` in the official item order (training pairs,
-      evaluation rows); caption ids are unique (the key of the text features).
-    video_files: video_id -> its video file, relative to the official `--videos_dir`.
-    source: the annotation file(s) read.
-    skipped: `(id, reason)` of rows the official reader skips too.
+  `video_ids` are unique, in first appearance (a video's frame folder is
+  `<frames_root>/<video_id>`); `captions` are in the official item order (training pairs,
+  evaluation rows), their ids unique (the key of the text features).
   """
-  dataset: str
-  name: str
+  dataset: str  # 'msrvtt', 'didemo' or 'lsmdc'
+  name: str  # the official split read ('train', 'test'; 'val' where a file exists)
   video_ids: list[str]
-  captions: list[tuple[str, str, str]]
-  video_files: dict[str, str]
-  source: str
-  skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  captions: list[tuple[str, str, str]]  # (caption_id, video_id, text)
+  video_files: dict[str, str]  # video_id -> its video file, relative to `--videos_dir`
+  source: str  # the annotation file(s) read
+  skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (id, reason)
 
   def __post_init__(self):
     what = f'{self.dataset} split {self.name!r} ({self.source})'

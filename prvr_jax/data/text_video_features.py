@@ -82,16 +82,12 @@ def write_feature_release(splits: Mapping[str, text_video.TextVideoSplit], frame
                           ) -> dict[str, FeatureCounts]:
   """Writes precomputed CLIP features of `splits` as `<out_root>/<collection>/` (CLIP layout).
 
-  Args:
-    splits: our split name ('train', 'val', 'test') -> its `text_video.TextVideoSplit`.
-    frame_features_h5: video_id -> per-frame CLIP image features `[n_frames, dim]`.
-    text_features_h5: caption_id -> CLIP sentence feature (projected EOT token) `[dim]` or
-      `[1, dim]`.
-    out_root: release root; `<out_root>/<collection>` must not exist yet.
-    num_frames: frames kept per video, `sample_frame_indices(n_frames, num_frames, 'uniform')`.
-
-  Captions are stored under `<video_id>#<caption_id>`, sentence features as `[1, dim]`.
-  Everything is checked before anything is written. Returns split -> counts.
+  `splits` maps our split names to their `TextVideoSplit`s; `frame_features_h5` holds
+  video_id -> per-frame CLIP image features `[n_frames, dim]`, `text_features_h5` caption_id ->
+  the CLIP sentence feature (projected EOT token) `[dim]` or `[1, dim]`; `num_frames` are kept
+  per video (`sample_frame_indices(n_frames, num_frames, 'uniform')`). Captions are stored
+  under `<video_id>#<caption_id>`; everything is checked before anything is written. Returns
+  split -> counts.
   """
   if not splits:
     raise ValueError('no splits to write')
