@@ -131,14 +131,14 @@ def feature_pairs(release_root: str, collection: str, split: str, *, batch_size:
   try:
     s = rel.split(split)
     text_video.check_batching(batch_size, num_epochs, len(s.caption_ids), drop_remainder,
-                    f'split {split!r}')
+                              f'split {split!r}')
     video_of = s.caption_video_index().astype(np.int32)
     vid0 = s.video_ids[0]
     shape = s.raw_video_features(vid0).shape
     epoch = 0
     while num_epochs is None or epoch < num_epochs:
       order = text_video.pair_order(len(s.caption_ids), batch_size, shuffle=shuffle, seed=seed,
-                         epoch=epoch, drop_remainder=drop_remainder)
+                                    epoch=epoch, drop_remainder=drop_remainder)
       for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
         video = np.zeros((batch_size, *shape), np.float32)

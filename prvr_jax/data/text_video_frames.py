@@ -55,7 +55,7 @@ class FrameBatches:
                num_epochs: int | None = 1, drop_remainder: bool = False,
                size: int = frames_lib.CLIP_SIZE, num_parallel_calls: int = tf.data.AUTOTUNE):
     text_video.check_batching(batch_size, num_epochs, len(split.captions), drop_remainder,
-                    f'split {split.name!r}')
+                              f'split {split.name!r}')
     if mode not in frames_lib.SAMPLE_MODES:
       raise ValueError(f'mode must be one of {frames_lib.SAMPLE_MODES}, got {mode!r}')
     if num_frames < 1 or size < 1:
@@ -104,7 +104,7 @@ class FrameBatches:
     epoch = 0
     while self.num_epochs is None or epoch < self.num_epochs:
       order = text_video.pair_order(self.num_examples, self.batch_size, shuffle=self._shuffle,
-                         seed=self._seed, epoch=epoch, drop_remainder=self._drop)
+                                    seed=self._seed, epoch=epoch, drop_remainder=self._drop)
       rng = np.random.default_rng([self._seed, epoch, 1])
       for c in order:
         if c < 0:
