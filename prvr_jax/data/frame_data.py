@@ -50,7 +50,7 @@ class FrameData(protocol.RunData):
   @property
   def steps_per_epoch(self) -> int:
     """ceil(training pairs / global batch)."""
-    return protocol.pair_steps(len(self.split('train').captions), self.batching.batch_size)
+    return text_video.pair_steps(len(self.split('train').captions), self.batching.batch_size)
 
   def train_batches(self, start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
     """Earlier batches are read and dropped (resuming re-reads their frames); every host

@@ -23,6 +23,7 @@ import numpy as np
 
 from prvr_jax import parallel
 from prvr_jax.data import pipeline
+from prvr_jax.data import text_video
 from prvr_jax.data import text_video_features
 from prvr_jax.eval.splits import EvalSplit
 
@@ -95,11 +96,6 @@ class RunData(abc.ABC):
     (in `EvalSplit.caption_ids` order), else {}."""
     del split
     return {}
-
-
-def pair_steps(num_pairs: int, batch_size: int) -> int:
-  """Batches per epoch of a pair source: ceil(pairs / global batch)."""
-  return -(-num_pairs // batch_size)
 
 
 def global_pair_batches(pairs: Iterable[dict[str, np.ndarray]], start_step: int, mesh: Mesh
@@ -200,8 +196,8 @@ class FeaturePairData(ShardData):
   @property
   def steps_per_epoch(self) -> int:
     """ceil(#train captions / global batch)."""
-    return pair_steps(self.shards.split(self.batching.split('train')).num_captions,
-                      self.batching.batch_size)
+    return text_video.pair_steps(self.shards.split(self.batching.split('train')).num_captions,
+                                 self.batching.batch_size)
 
   def train_batches(self, start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
     pairs = text_video_features.feature_pairs(

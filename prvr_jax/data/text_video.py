@@ -371,6 +371,11 @@ def pair_order(num_pairs: int, batch_size: int, *, shuffle: bool, seed: int, epo
   return np.concatenate([order, np.full((-num_pairs) % batch_size, -1, np.int64)])
 
 
+def pair_steps(num_pairs: int, batch_size: int, drop_remainder: bool = False) -> int:
+  """Batches per epoch of `pair_order`: ceil(pairs / batch), floor with `drop_remainder`."""
+  return num_pairs // batch_size if drop_remainder else -(-num_pairs // batch_size)
+
+
 def check_batching(batch_size: int, num_epochs: int | None, num_pairs: int,
                     drop_remainder: bool, what: str) -> None:
   if batch_size < 1:

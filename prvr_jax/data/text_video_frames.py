@@ -69,7 +69,7 @@ class FrameBatches:
     self.frame_files = self._list_frames(split, os.fspath(frames_root))
     n = len(split.captions)
     self.num_examples = n
-    self.batches_per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
+    self.batches_per_epoch = text_video.pair_steps(n, batch_size, drop_remainder)
     self._shuffle, self._seed, self._drop = shuffle, seed, drop_remainder
     self.dataset = self._build(train_augment, num_parallel_calls)
 
