@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+import support
+
 # Full float32 matmuls everywhere. On GPUs JAX's default float32 matmul precision is TF32
 # (a 10-bit mantissa, ~1e-3 relative), which no float32 tolerance of this suite is meant to
 # absorb; on CPUs it is float32 already. float32 is also what training and evaluation use by
@@ -26,13 +28,14 @@ os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'float32')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 # Two CPU devices in the test process, so that data parallelism (the contract test's 1 vs 2
 # devices, the sharded evaluator) runs in-process; CLI subprocesses set their own count.
-# Without a GPU/TPU JAX then runs on these CPU devices. LLVM -O0 compiles the suite's many
-# small programs about a third faster (the CLI subprocesses use it too).
+# Without a GPU/TPU JAX then runs on these CPU devices. XLA:CPU compiles the suite's many
+# programs faster with `support.FAST_COMPILE_FLAGS` (the CLI subprocesses use them too).
 _flags = os.environ.get('XLA_FLAGS', '')
 if 'xla_force_host_platform_device_count' not in _flags:
   _flags += ' --xla_force_host_platform_device_count=2'
-if 'xla_backend_optimization_level' not in _flags:
-  _flags += ' --xla_backend_optimization_level=0'
+for _flag in support.FAST_COMPILE_FLAGS:
+  if _flag.split('=')[0] not in _flags:
+    _flags += f' {_flag}'
 os.environ['XLA_FLAGS'] = _flags.strip()
 if 'jax' in sys.modules:  # imported by a plugin before this file: set it there too
   sys.modules['jax'].config.update('jax_default_matmul_precision',
