@@ -8,14 +8,19 @@ values, so a bare absolute tolerance that passes for values of magnitude 1 fails
 magnitude 10. See docs/testing.md.
 """
 
+import atexit
+import contextlib
 import importlib.util
 import json
 import math
 import os
 import pathlib
+import select
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -176,11 +181,11 @@ def cli_env(cache_dir: pathlib.Path | None, devices: int = 1) -> dict[str, str]:
 def run_cli(script: str, *args: str, cache_dir: pathlib.Path | None, devices: int = 1,
             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-  """Runs `python <repo>/<script> args...` (`env`: added to `cli_env`'s); raises with its
-  stderr when it fails and `check`."""
-  proc = subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO,
-                        env={**cli_env(cache_dir, devices), **(env or {})},
-                        capture_output=True, text=True, timeout=timeout)
+  """Runs `python <repo>/<script> args...` (`env`: added to `cli_env`'s), forked from the
+  preloaded launcher where it can be (`preloaded_cli.py`); raises with its stderr when it fails
+  and `check`."""
+  argv = [str(REPO / script), *args]
+  proc, = _run_all([argv], {**cli_env(cache_dir, devices), **(env or {})}, timeout)
   if check and proc.returncode:
     raise AssertionError(f'{script} {" ".join(args)} failed ({proc.returncode}):\n'
                          f'{proc.stderr[-6000:]}')
@@ -189,12 +194,90 @@ def run_cli(script: str, *args: str, cache_dir: pathlib.Path | None, devices: in
 
 def run_processes(argv_of: list[list[str]], devices: int, timeout: int = 600
                   ) -> list[subprocess.CompletedProcess]:
-  """Runs one subprocess per argv at once (the processes of one jax.distributed job, each with
-  `devices` CPU devices, no compilation cache) and returns them when all have ended."""
+  """Runs one process per argv (the arguments after `python`) at once (the processes of one
+  jax.distributed job, each with `devices` CPU devices, no compilation cache) and returns them
+  when all have ended."""
   # No persistent compilation cache: sharing one between the processes of a gloo job has
   # hung on CPU, and these programs are compiled once anyway.
-  env = cli_env(cache_dir=None, devices=devices)
-  procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+  return _run_all(argv_of, cli_env(cache_dir=None, devices=devices), timeout)
+
+
+# Environment variables in which a run may differ from the preloaded launcher's environment
+# (`cli_env(None)`): read only after the imports (XLA's flags when the backend starts, the
+# compilation cache's folder by `prvr_jax.runtime`), or set again by the child
+# (`preloaded_cli._JAX_OPTIONS`). A run that differs in any other is started afresh.
+PRELOADED_ENV_KEYS = frozenset({
+    'XLA_FLAGS', 'JAX_COMPILATION_CACHE_DIR', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',
+    'JAX_DEBUG_LOG_MODULES'})
+
+
+class _Launcher:
+  """This process's `preloaded_cli.py`, started at its first run."""
+  instance: '_Launcher | None' = None
+
+  def __init__(self):
+    self.env = cli_env(cache_dir=None)
+    self.log = tempfile.TemporaryFile()
+    self.proc = subprocess.Popen([sys.executable, str(REPO / 'tests' / 'preloaded_cli.py')],
+                                 cwd=REPO, env=self.env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=self.log, text=True)
+    atexit.register(self.close)
+    self.read(timeout=300)
+
+  @classmethod
+  def get(cls) -> '_Launcher':
+    if cls.instance is None or cls.instance.proc.poll() is not None:
+      cls.instance = cls()
+    return cls.instance
+
+  def read(self, timeout: float) -> dict[str, Any]:
+    ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+    line = self.proc.stdout.readline() if ready else ''
+    if not line:
+      self.close()
+      self.log.seek(0)
+      raise RuntimeError('the preloaded CLI launcher did not answer:\n'
+                         + self.log.read()[-4000:].decode(errors='replace'))
+    return json.loads(line)
+
+  def run(self, argv_of: list[list[str]], env: dict[str, str], timeout: float, folder: str
+          ) -> list[subprocess.CompletedProcess]:
+    files = [(os.path.join(folder, f'{i}.out'), os.path.join(folder, f'{i}.err'))
+             for i in range(len(argv_of))]
+    runs = [{'argv': argv, 'env': env, 'cwd': str(REPO), 'stdout': out, 'stderr': err}
+            for argv, (out, err) in zip(argv_of, files)]
+    self.proc.stdin.write(json.dumps({'runs': runs}) + '\n')
+    self.proc.stdin.flush()
+    pids = self.read(timeout=60)['pids']
+    try:
+      codes = self.read(timeout)['returncodes']
+    except RuntimeError:
+      for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+          os.kill(pid, signal.SIGKILL)
+      raise subprocess.TimeoutExpired(argv_of, timeout) from None
+    return [subprocess.CompletedProcess([sys.executable, *argv], code,
+                                        pathlib.Path(out).read_text(), pathlib.Path(err).read_text())
+            for argv, code, (out, err) in zip(argv_of, codes, files)]
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    if _Launcher.instance is self:
+      _Launcher.instance = None
+
+
+def _run_all(argv_of: list[list[str]], env: dict[str, str], timeout: float
+             ) -> list[subprocess.CompletedProcess]:
+  """Runs `python argv` for each argv at once in `env` and waits for all: forked from the
+  launcher where `env` differs from its environment only in `PRELOADED_ENV_KEYS`, else as new
+  interpreters."""
+  base = cli_env(cache_dir=None)
+  if all(env.get(k) == base.get(k) for k in (set(env) | set(base)) - PRELOADED_ENV_KEYS):
+    with tempfile.TemporaryDirectory() as folder:
+      return _Launcher.get().run(argv_of, env, timeout, folder)
+  procs = [subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for argv in argv_of]
   outputs = [p.communicate(timeout=timeout) for p in procs]
   return [subprocess.CompletedProcess(p.args, p.returncode, out, err)

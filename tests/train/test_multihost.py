@@ -6,7 +6,6 @@ train.py subprocess.
 """
 
 import json
-import sys
 
 import jax
 import numpy as np
@@ -20,7 +19,7 @@ def _train_two_processes(config: str, data: str, workdir) -> None:
   """train.py as 2 processes x 2 CPU devices with a localhost coordinator."""
   address = f'localhost:{support.free_port()}'
   procs = support.run_processes(
-      [[sys.executable, str(support.REPO / 'train.py'), f'--config={config}',
+      [[str(support.REPO / 'train.py'), f'--config={config}',
         f'--config.data.dir={data}', f'--workdir={workdir}', f'--coordinator_address={address}',
         '--num_processes=2', f'--process_id={i}'] for i in range(2)], devices=2)
   for i, p in enumerate(procs):
@@ -107,7 +106,7 @@ print('ok', p)
 def test_parallel_helpers_across_two_processes():
   address = f'localhost:{support.free_port()}'
   procs = support.run_processes(
-      [[sys.executable, '-c', _PARALLEL_SCRIPT, address, str(i)] for i in range(2)], devices=2,
+      [['-c', _PARALLEL_SCRIPT, address, str(i)] for i in range(2)], devices=2,
       timeout=300)
   for i, p in enumerate(procs):
     assert p.returncode == 0 and f'ok {i}' in p.stdout, p.stderr[-4000:]
