@@ -26,16 +26,21 @@ import jax  # pylint: disable=unused-import
 import flax.linen  # pylint: disable=unused-import
 import optax  # pylint: disable=unused-import
 import orbax.checkpoint  # pylint: disable=unused-import
-import tensorflow  # pylint: disable=unused-import
 
 from prvr_jax import checkpoint  # pylint: disable=unused-import
 from prvr_jax import eval as eval_lib  # pylint: disable=unused-import
 from prvr_jax import index  # pylint: disable=unused-import
 from prvr_jax import runtime  # pylint: disable=unused-import
-from prvr_jax.data import check  # pylint: disable=unused-import
-from prvr_jax.data import prepare  # pylint: disable=unused-import
-from prvr_jax.data import run_data  # pylint: disable=unused-import
-from prvr_jax.train import loop  # pylint: disable=unused-import
+
+try:
+  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+except ImportError:  # a bare JAX image: the runs that need the data layer skip there
+  tensorflow = None
+if tensorflow is not None:
+  from prvr_jax.data import check  # pylint: disable=g-import-not-at-top,unused-import
+  from prvr_jax.data import prepare  # pylint: disable=g-import-not-at-top,unused-import
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top,unused-import
+  from prvr_jax.train import loop  # pylint: disable=g-import-not-at-top,unused-import
 
 # The options a child sets on the JAX imported here, which read their environment variable
 # when JAX is imported (the rest of `support.PRELOADED_ENV_KEYS` is read later, by the run).

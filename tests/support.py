@@ -274,7 +274,8 @@ def _run_all(argv_of: list[list[str]], env: dict[str, str], timeout: float
   launcher where `env` differs from its environment only in `PRELOADED_ENV_KEYS`, else as new
   interpreters."""
   base = cli_env(cache_dir=None)
-  if all(env.get(k) == base.get(k) for k in (set(env) | set(base)) - PRELOADED_ENV_KEYS):
+  if not os.environ.get('PRVR_TESTS_FRESH_CLI') and all(
+      env.get(k) == base.get(k) for k in (set(env) | set(base)) - PRELOADED_ENV_KEYS):
     with tempfile.TemporaryDirectory() as folder:
       return _Launcher.get().run(argv_of, env, timeout, folder)
   procs = [subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,

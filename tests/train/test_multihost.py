@@ -1,8 +1,8 @@
 """One device vs 4 devices in one process vs 2 processes x 2 devices (jax.distributed, gloo).
 
 The same tiny run (global batch 8) must end with the same parameters (within 1e-5 of each
-tensor's magnitude) and the same validation and test metrics on every topology. Each run is a
-train.py subprocess.
+tensor's magnitude) and the same validation and test metrics on every topology. Each run is
+train.py in processes of its own (`support.run_cli`, `support.run_processes`).
 """
 
 import json

@@ -1,7 +1,7 @@
 """train.py end to end on the tiny synthetic benchmark: outputs, resume, NaN stop, model guard.
 
-Runs are subprocesses of the real CLI (GMMFormer `tiny`, 2 epochs of 3 steps). They share a
-persistent XLA compilation cache, so the programs compile once per test session.
+Runs are processes of the real CLI (GMMFormer `tiny`, 2 epochs of 3 steps; `support.run_cli`).
+They share a persistent XLA compilation cache, so the programs compile once per test session.
 """
 
 import json
@@ -81,14 +81,23 @@ def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cach
   assert scores.dtype == np.float32
 
 
-def test_resume_after_stop_and_torn_checkpoint(reference_run, config_path, tiny_data,
-                                               xla_cache, tmp_path):
+@pytest.fixture(scope='module')
+def stopped_run(tmp_path_factory, config_path, tiny_data, xla_cache):
+  """The tiny run stopped after its first step (`train.stop_after_steps=1`); tests copy it."""
+  workdir = tmp_path_factory.mktemp('stopped') / 'run'
+  run_cli('train.py', f'--config={config_path}', f'--config.data.dir={tiny_data}',
+          f'--workdir={workdir}', '--config.train.stop_after_steps=1', cache_dir=xla_cache)
+  return workdir
+
+
+def test_resume_after_stop_and_torn_checkpoint(reference_run, stopped_run, config_path,
+                                               tiny_data, xla_cache, tmp_path):
   """Stopped mid-epoch, then a later checkpoint write 'killed' half way: the resumed run
   uses the last complete checkpoint and ends bit-identical to the uninterrupted run."""
   workdir = tmp_path / 'resumed'
+  shutil.copytree(stopped_run, workdir)
   args = (f'--config={config_path}', f'--config.data.dir={tiny_data}', f'--workdir={workdir}')
-  run_cli('train.py', *args, '--config.train.stop_after_steps=2', cache_dir=xla_cache)
-  assert os.listdir(workdir / 'checkpoints') == ['2']
+  assert os.listdir(workdir / 'checkpoints') == ['1']
   assert not (workdir / 'test_metrics.json').exists()
   # What a kill during an Orbax write leaves behind: an unfinished tmp folder.
   torn = workdir / 'checkpoints' / '4.orbax-checkpoint-tmp-1234567'
@@ -111,14 +120,14 @@ def test_resume_after_stop_and_torn_checkpoint(reference_run, config_path, tiny_
     np.testing.assert_array_equal(a, b)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(reference_run, config_path, tiny_data,
-                                                       xla_cache, tmp_path):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(reference_run, stopped_run, config_path,
+                                                       tiny_data, xla_cache, tmp_path):
   """A real divergence: resumed from step 1 with lr 1e30 (a valid config; the change needs
   --allow_config_change), the second update makes the parameters overflow and the run stops
   at the next loss, before saving; resuming with the original config gives the reference."""
   workdir = tmp_path / 'nan'
+  shutil.copytree(stopped_run, workdir)
   args = (f'--config={config_path}', f'--config.data.dir={tiny_data}', f'--workdir={workdir}')
-  run_cli('train.py', *args, '--config.train.stop_after_steps=1', cache_dir=xla_cache)
   refused = run_cli('train.py', *args, '--config.optim.lr=1e30', cache_dir=xla_cache,
                     check=False)
   assert refused.returncode != 0
