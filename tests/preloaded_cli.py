@@ -51,10 +51,12 @@ _JAX_OPTIONS = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': float,
 def _child(run: dict) -> None:
   """Becomes the run: its files, directory, environment, argv; then runs it as `__main__`.
   Raises SystemExit (never returns), so that the child ends as an interpreter ends."""
-  null = os.open(os.devnull, os.O_RDONLY)
-  os.dup2(null, 0)
-  for fd, path in ((1, run['stdout']), (2, run['stderr'])):
-    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+  for fd, path, mode in ((0, os.devnull, os.O_RDONLY),
+                         (1, run['stdout'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                         (2, run['stderr'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    opened = os.open(path, mode, 0o644)
+    os.dup2(opened, fd)
+    os.close(opened)
   os.chdir(run['cwd'])
   os.environ.clear()
   os.environ.update(run['env'])

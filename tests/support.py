@@ -216,10 +216,9 @@ class _Launcher:
   instance: '_Launcher | None' = None
 
   def __init__(self):
-    self.env = cli_env(cache_dir=None)
     self.log = tempfile.TemporaryFile()
     self.proc = subprocess.Popen([sys.executable, str(REPO / 'tests' / 'preloaded_cli.py')],
-                                 cwd=REPO, env=self.env, stdin=subprocess.PIPE,
+                                 cwd=REPO, env=cli_env(cache_dir=None), stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=self.log, text=True)
     atexit.register(self.close)
     self.read(timeout=300)
@@ -231,12 +230,17 @@ class _Launcher:
     return cls.instance
 
   def read(self, timeout: float) -> dict[str, Any]:
+    """The launcher's next reply; stops it and raises `subprocess.TimeoutExpired` after
+    `timeout` seconds, or `RuntimeError` with its log where it ended."""
     ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-    line = self.proc.stdout.readline() if ready else ''
+    if not ready:
+      self.close()
+      raise subprocess.TimeoutExpired(self.proc.args, timeout)
+    line = self.proc.stdout.readline()
     if not line:
       self.close()
       self.log.seek(0)
-      raise RuntimeError('the preloaded CLI launcher did not answer:\n'
+      raise RuntimeError('the preloaded CLI launcher ended:\n'
                          + self.log.read()[-4000:].decode(errors='replace'))
     return json.loads(line)
 
@@ -251,11 +255,11 @@ class _Launcher:
     pids = self.read(timeout=60)['pids']
     try:
       codes = self.read(timeout)['returncodes']
-    except RuntimeError:
-      for pid in pids:
+    except (subprocess.TimeoutExpired, RuntimeError):
+      for pid in pids:  # the runs outlive their launcher
         with contextlib.suppress(ProcessLookupError):
           os.kill(pid, signal.SIGKILL)
-      raise subprocess.TimeoutExpired(argv_of, timeout) from None
+      raise
     return [subprocess.CompletedProcess([sys.executable, *argv], code,
                                         pathlib.Path(out).read_text(), pathlib.Path(err).read_text())
             for argv, code, (out, err) in zip(argv_of, codes, files)]
