@@ -3,7 +3,7 @@ r"""Our jitted training step against the authors' official PyTorch step, side by
   python3 benchmarks/train_step.py [--models=gmmformer_v2,ms_sl] [--videos=16,32,64,128] \
       [--official=PATH] [--official_python=/tmp/torchvenv/bin/python] [--rounds=N] \
       [--cores_per_point=N] [--compilation_cache_dir=DIR] [--profile] \
-      [--set=train.matmul_precision=bfloat16] [--ours_malloc=PATH] \
+      [--set=train.matmul_precision=bfloat16] [--ours_malloc=PATH] [--kernels=fast,plain] \
       [--output=benchmarks/results/train_step.json]
 
 For every model (its config's paper-size variant: 'tvr', T-MASS 'msrvtt_features') and batch
@@ -32,6 +32,10 @@ With `--compilation_cache_dir=DIR` ours uses JAX's persistent compilation cache 
 by default: the second run of the same command loads the step instead of compiling it, which is
 what every run of a job after its first does (its compile time is then the load, and its peak
 memory has no compiler in it).
+
+With `--kernels=fast,plain` ours runs once per choice of `train.kernels` (docs/kernels.md), a
+row each, back to back for every model and batch size: the CPU-tuned kernels against flax's
+plain layers on the same machine in the same run (default: the config's, `auto`).
 
 With `--rounds=N` each model and batch size is measured N times, both sides back to back in
 every round and the order alternating (official first in the odd rounds), so that a shared
@@ -73,7 +77,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import models, parallel, runtime, train
+from prvr_jax import config_lib, models, parallel, runtime, train
 from prvr_jax.runtime import host_memory, xla
 
 from common import (ROOT, core_sets, load_config, machine,  # benchmarks/common.py
@@ -126,6 +130,8 @@ _OURS_MALLOC = flags.DEFINE_string(
     'tcmalloc\'s libtcmalloc_minimal.so.4 (docs/training.md, "Another malloc"); the official '
     'step keeps glibc\'s.')
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also break our step time down by op kind.')
+_KERNELS = flags.DEFINE_list('kernels', [], 'Time ours once per `train.kernels` choice (e.g. '
+                             'fast,plain), a row each; default: the config\'s.')
 _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value (e.g. '
                                  'train.matmul_precision=bfloat16), applied to ours; repeatable.')
 _OUTPUT = flags.DEFINE_string('output', None, 'JSON of every number.')
@@ -238,16 +244,18 @@ def run_official(name: str, num_videos: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------- the driver
 
-def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = None
-          ) -> dict[str, Any]:
-  """Runs one worker in a fresh process (on `cpus` where given); its result, or
-  {'error': ...}."""
+def spawn(side: str, name: str, num_videos: int, cpus: Sequence[int] | None = None,
+          kernels: str | None = None) -> dict[str, Any]:
+  """Runs one worker in a fresh process (on `cpus` where given; ours with `train.kernels`
+  set to `kernels` where given); its result, or {'error': ...}."""
   python = _OFFICIAL_PYTHON.value if side == 'official' else sys.executable
   command = [python, os.path.abspath(__file__), f'--worker={side}', f'--model={name}',
              f'--batch={num_videos}', f'--captions={_CAPTIONS.value}',
              f'--steps={_STEPS.value}', f'--min_seconds={_MIN_SECONDS.value}',
              f'--warmup={_WARMUP.value}']
   command += [f'--set={item}' for item in _SET.value]
+  if side == 'ours' and kernels:
+    command.append(f'--set=train.kernels={kernels}')
   if _PROFILE.value:
     command.append('--profile')
   if not _ANOMALY.value:
@@ -293,22 +301,28 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
   return combined
 
 
-def measure_point(name: str, videos: int, cpus: Sequence[int] | None = None
-                  ) -> dict[str, Any]:
-  """Both sides of one model and batch size over `--rounds` rounds (on `cpus` where given)."""
-  sides = ('official', 'ours') if _OFFICIAL.value else ('ours',)
+Point = tuple[str, int, str | None]  # model, videos, `train.kernels` (None: the config's)
+
+
+def measure_point(name: str, videos: int, kernels: str | None = None,
+                  cpus: Sequence[int] | None = None) -> dict[str, Any]:
+  """Both sides of one model and batch size over `--rounds` rounds (on `cpus` where given);
+  the official side only with the first of several `--kernels`."""
+  official = _OFFICIAL.value and kernels in (None, _KERNELS.value[0])
+  sides = ('official', 'ours') if official else ('ours',)
   measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
   for index in range(_ROUNDS.value):
     for side in (sides if index % 2 == 0 else sides[::-1]):
-      measured[side].append(spawn(side, name, videos, cpus))
-  run = {'model': name, 'videos': videos, 'ours': combine(measured['ours']),
-         'official': combine(measured['official']) if _OFFICIAL.value else None}
+      measured[side].append(spawn(side, name, videos, cpus, kernels))
+  run = {'model': name, 'videos': videos, 'kernels': kernels,
+         'ours': combine(measured['ours']),
+         'official': combine(measured['official']) if official else None}
   if cpus:
     run['cpus'] = list(cpus)
   return run
 
 
-def measure_at_once(points: Sequence[tuple[str, int]], sets: Sequence[Sequence[int]]
+def measure_at_once(points: Sequence[Point], sets: Sequence[Sequence[int]]
                     ) -> Iterator[dict[str, Any]]:
   """Yields `measure_point` of every point as each finishes, up to `len(sets)` at once, each
   on a set of CPUs no other running point uses; the largest batches start first."""
@@ -316,7 +330,7 @@ def measure_at_once(points: Sequence[tuple[str, int]], sets: Sequence[Sequence[i
   for cpus in sets:
     free.put(cpus)
 
-  def on_free_cores(point: tuple[str, int]) -> dict[str, Any]:
+  def on_free_cores(point: Point) -> dict[str, Any]:
     cpus = free.get()
     try:
       return measure_point(*point, cpus=cpus)
@@ -339,6 +353,11 @@ def speed_up(official: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
     return ratio
   ratios = [theirs / mine for theirs, mine in pairs]
   return f'{ratio} ({min(ratios):.2f}-{max(ratios):.2f})'
+
+
+def label(run: Mapping[str, Any]) -> str:
+  """A row's model, with its `train.kernels` where `--kernels` set it."""
+  return f'{run["model"]} ({run["kernels"]})' if run['kernels'] else run['model']
 
 
 def milliseconds(ms: float) -> str:
@@ -426,7 +445,7 @@ def main(argv):
                                          'min_seconds': _MIN_SECONDS.value,
                                          'official_anomaly': _ANOMALY.value,
                                          'warmup': _WARMUP.value, 'rounds': _ROUNDS.value,
-                                         'set': _SET.value,
+                                         'set': _SET.value, 'kernels': _KERNELS.value,
                                          'huge_pages': _HUGE_PAGES.value,
                                          'ours_malloc': _OURS_MALLOC.value,
                                          'official': _OFFICIAL.value,
@@ -435,15 +454,19 @@ def main(argv):
                             'runs': []}
   for name in _MODELS.value:
     load_config(name)  # a bad --models name fails before any run
-  points = [(name, int(videos)) for name in _MODELS.value for videos in _VIDEOS.value]
-  runs = (measure_at_once(points, sets) if sets else
-          (measure_point(name, videos) for name, videos in points))
+  for kernels in _KERNELS.value:
+    if kernels not in config_lib.KERNEL_CHOICES:
+      raise app.UsageError(f'--kernels: {kernels!r} is none of '
+                           f'{", ".join(config_lib.KERNEL_CHOICES)}.')
+  points = [(name, int(videos), kernels) for name in _MODELS.value
+            for videos in _VIDEOS.value for kernels in (_KERNELS.value or [None])]
+  runs = (measure_at_once(points, sets) if sets else (measure_point(*point) for point in points))
   for run in runs:
     report['runs'].append(run)
     if _OUTPUT.value:  # after every run: a run cut short keeps what it measured
       write_report(report)
     ours = run['ours']
-    print(row(run['model'], run['videos'], ours, run['official'], peaks), flush=True)
+    print(row(label(run), run['videos'], ours, run['official'], peaks), flush=True)
     if 'error' in ours:
       continue
     program = ours['program']
@@ -453,10 +476,10 @@ def main(argv):
           f'{program["instructions_by_phase"]}', flush=True)
     if _PROFILE.value and 'profile' in ours:
       print(step_profile.format_breakdown(ours['profile']), flush=True)
-  report['runs'].sort(key=lambda run: points.index((run['model'], run['videos'])))
+  report['runs'].sort(key=lambda run: points.index((run['model'], run['videos'], run['kernels'])))
   report['machine']['load_average_at_end'] = os.getloadavg()[0]
   print(HEADER + '\n' + '\n'.join(
-      row(run['model'], run['videos'], run['ours'], run['official'], peaks)
+      row(label(run), run['videos'], run['ours'], run['official'], peaks)
       for run in report['runs']))
   if _OUTPUT.value:
     write_report(report)

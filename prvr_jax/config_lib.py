@@ -98,6 +98,9 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   # code; also stops TF32 on GPUs) or 'bfloat16' (bf16 passes, f32 accumulation: faster on CPUs
   # with AVX512-BF16, GPUs and TPUs).
   config.train.matmul_precision = 'float32'
+  # The train step's dropout and LayerNorm: 'auto' (by backend, `prvr_jax.kernels.policy`),
+  # 'fast' (the CPU-tuned kernels) or 'plain' (flax's layers); docs/kernels.md.
+  config.train.kernels = 'auto'
 
   config.eval = ml_collections.ConfigDict()
   config.eval.query_batch_size = 50
@@ -185,6 +188,7 @@ def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, A
 # ----------------------------------------------------------------------------- validation
 
 MATMUL_PRECISIONS = ('float32', 'tensorfloat32', 'bfloat16')
+KERNEL_CHOICES = ('auto', 'fast', 'plain')  # `train.kernels`: the keys of `kernels.policy.CHOICES`
 
 
 def _is_int(value: Any) -> bool:
@@ -278,6 +282,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'train.stop_after_steps': _integer(0),
     'train.plots': _flag,
     'train.matmul_precision': _choice(*MATMUL_PRECISIONS),
+    'train.kernels': _choice(*KERNEL_CHOICES),
     'eval.query_batch_size': _integer(1),
     'eval.video_batch_size': _integer(1),
     'eval.matmul_precision': _choice(*MATMUL_PRECISIONS),

@@ -8,9 +8,12 @@ train step traces its objective under `fast_kernels()`, which decides by JAX's d
 * CPU (`FAST_BACKENDS`): on, where the kernels were measured faster (dropout) or lighter at the
   same speed (LayerNorm's peak memory), except the LayerNorms of T-MASS's text-conditioned
   pooling, whose `[Q, B, D]` pair LayerNorms were measured slower in the kernel's form.
-* GPU: on as well, so that a GPU run keeps the programs (and the dropout stream) the GPU
-  benchmarks were measured with; the plain layers there have not been measured against them.
+* GPU: on as well: measured against the plain layers there, the same speed or faster with
+  less peak memory for most models (docs/benchmarks.md), and a GPU run keeps the programs (and
+  the dropout stream) the GPU benchmarks were measured with.
 * Any other backend: the plain layers.
+
+`config.train.kernels` ('auto', 'fast', 'plain'; `CHOICES`) overrides the backend's choice.
 
 Evaluation and everything traced outside the train step run the plain layers; with dropout off
 the two LayerNorms have the same forward, operation for operation.
@@ -28,6 +31,8 @@ from prvr_jax.kernels import layer_norm
 from prvr_jax.layers.text_pooling import TextConditionedPooling
 
 FAST_BACKENDS = ('cpu', 'gpu')
+# `config.train.kernels`: by backend, the kernels, or the plain layers.
+CHOICES: dict[str, bool | None] = {'auto': None, 'fast': True, 'plain': False}
 
 
 def _plain_layer_norm(module: nn.LayerNorm) -> bool:

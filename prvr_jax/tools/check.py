@@ -18,7 +18,11 @@ from prvr_jax.data import check
 def _main(argv: list[str]) -> None:
   del argv
   fl = flags.FLAGS
-  kwargs = dict(use_catalogue=fl.catalogue, record=fl.record or None)
+  # --[no]catalogue when given, else the config's `data.check_published` (as `prepare` and
+  # `train.py` read it).
+  published = fl.config.data.get('check_published', True)
+  kwargs = dict(use_catalogue=published if fl.catalogue is None else fl.catalogue,
+                record=fl.record or None)
   if fl.cheap:
     report = check.cheap_check(fl.config, **kwargs)
   else:
@@ -36,8 +40,9 @@ def main() -> None:
                       f'{check.CHECKSUMS_FILE})')
   flags.DEFINE_bool('update_record', False, 'replace the checksum record with the current '
                     'checksums')
-  flags.DEFINE_bool('catalogue', True, 'compare with the catalogue entry of the config '
-                    '(published dims and split sizes); --nocatalogue for a release of your own')
+  flags.DEFINE_bool('catalogue', None, 'compare with the catalogue entry of the config '
+                    '(published dims and split sizes); --nocatalogue for a release of your own '
+                    '(default: --config.data.check_published)')
   flags.DEFINE_bool('cheap', False, 'only the cheap part: no feature value read, no checksum')
   flags.DEFINE_bool('progress', True, 'show a progress bar on stderr')
   flags.mark_flag_as_required('config')

@@ -10,7 +10,7 @@ import ml_collections
 import optax
 
 from prvr_jax import parallel
-from prvr_jax.kernels.policy import fast_kernels
+from prvr_jax.kernels import policy
 from prvr_jax.layers.precision import matmul_precision
 from prvr_jax.models.spec import LossContext, ModelSpec
 from prvr_jax.train.state import TrainState
@@ -29,17 +29,19 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
   into one key per name of `spec.rng_streams`. metrics: `loss`, the objective's terms, `lr`
   (of this update) and `grad_norm` (global L2 norm of the gradients before clipping), all
   replicated scalars. Matmuls run at `config.train.matmul_precision`; the model's layers run
-  with the CPU kernels where `kernels.policy.fast_kernels` enables them.
+  with the CPU kernels as `config.train.kernels` says ('auto': where `kernels.policy`
+  enables them).
   """
   module = spec.build(config.model)
   precision = config.train.matmul_precision
+  kernels = policy.CHOICES[config.train.kernels]
 
   def step(state: TrainState, batch: dict[str, jax.Array], epoch: jax.Array
            ) -> tuple[TrainState, dict[str, jax.Array]]:
     keys = jax.random.split(jax.random.fold_in(state.rng, state.step), len(spec.rng_streams))
     rngs = dict(zip(spec.rng_streams, keys))
     ctx = LossContext(loss=config.loss, epoch=jnp.asarray(epoch, jnp.int32), step=state.step)
-    with matmul_precision(precision), fast_kernels():
+    with matmul_precision(precision), policy.fast_kernels(kernels):
       (loss, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
           module, state.params, batch, rngs, ctx)
       with jax.named_scope('optimizer'):  # named for the profile breakdown (benchmarks/)

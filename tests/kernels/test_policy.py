@@ -3,9 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import support
-from prvr_jax import models, parallel, train
+from prvr_jax import config_lib, models, parallel, train
 from prvr_jax.kernels import policy
 from prvr_jax.layers import AttentionBlockV2
 from prvr_jax.layers.text_pooling import TextConditionedPooling
@@ -66,7 +67,8 @@ def test_text_conditioned_pooling_keeps_the_plain_layer_norms():
 
 def test_the_train_step_traces_its_objective_under_the_policy(monkeypatch):
   """GMMFormer's train step: on a backend of the policy its dropout draws no word through JAX's
-  `random_bits`; with the policy off (no backend listed) each of its dropouts does."""
+  `random_bits`; with the policy off (no backend listed) each of its dropouts does;
+  `train.kernels` 'fast' or 'plain' decides whatever the backend."""
   config = support.load_config('gmmformer', 'tiny')
   spec = registry.get_spec('gmmformer')
   mesh = support.data_mesh(1)
@@ -75,11 +77,23 @@ def test_the_train_step_traces_its_objective_under_the_policy(monkeypatch):
   batch = parallel.shard_global_view(models.random_batch(
       config.model, np.random.default_rng(0), (9, 5), (4, 6, 3, 5), queries_per_video=2), mesh)
 
-  def random_bits_calls():
+  def random_bits_calls(kernels='auto'):
+    config.train.kernels = kernels
     step = train.make_train_step(config, spec, tx, schedule, mesh)
     return str(jax.make_jaxpr(step)(state, batch, np.int32(0))).count('random_bits[')
 
   monkeypatch.setattr(policy, 'FAST_BACKENDS', (jax.default_backend(),))
   fast = random_bits_calls()
+  assert random_bits_calls('plain') > fast
   monkeypatch.setattr(policy, 'FAST_BACKENDS', ())
-  assert random_bits_calls() > fast
+  plain = random_bits_calls()
+  assert plain > fast
+  assert random_bits_calls('fast') == fast and random_bits_calls('plain') == plain
+
+
+def test_every_kernels_choice_of_the_config_is_a_policy_choice():
+  assert set(config_lib.KERNEL_CHOICES) == set(policy.CHOICES)
+  config = support.load_config('gmmformer', 'tiny')
+  config.train.kernels = 'fastest'
+  with pytest.raises(ValueError, match='train.kernels'):
+    config_lib.validate(config)
