@@ -136,6 +136,10 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   # False: every host reads the whole batch stream and keeps its rows (results independent of
   # the host count); True: each host reads only its own shard files (less I/O on large pods).
   config.data.host_sharded_reading = False
+  # Where the training split lives: 'stream' (read from the shards through tf.data every
+  # epoch) or 'device' (read once into every device's memory, batches gathered there:
+  # prvr_jax.data.resident; another batch order than the stream's).
+  config.data.placement = 'stream'
   return config
 
 
@@ -296,6 +300,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'data.allow_split_overlap': _flag,
     'data.host_sharded_reading': _flag,
     'data.source': _choice('shards', 'frames'),
+    'data.placement': _choice('stream', 'device'),
 }
 
 

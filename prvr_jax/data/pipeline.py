@@ -483,6 +483,22 @@ def _eval_records(shards, split, global_batch_size, process_index, process_count
   return parsed, local, -(-most // local), sum(count(x) for x in mine)
 
 
+def split_records(shards: ShardDataset, split: str, *, verify: bool = True
+                  ) -> Iterator[dict[str, np.ndarray]]:
+  """Every video record of `split` once, in file order (first-appearance order), unpadded.
+
+  Yields numpy dicts `video_order` (its column), `clip_feats [Lc, Dv]`, `frame_feats [n, Dv]`,
+  `query_feats [c, Lq, Dq]`, `query_mask [c, Lq]` and `caption_order [c]` (its captions'
+  rows in caption-file order).
+  """
+  parsed, _, _, _ = _eval_records(shards, split, 1, 0, 1, verify, lambda x: x.num_videos)
+  options = tf.data.Options()
+  options.deterministic = True
+  for record in parsed.with_options(options).as_numpy_iterator():
+    yield {k: record[k] for k in ('video_order', 'clip_feats', 'frame_feats', 'query_feats',
+                                  'query_mask', 'caption_order')}
+
+
 def eval_videos(shards: ShardDataset, split: str, *, global_batch_size: int,
                 process_index: int | None = None, process_count: int | None = None,
                 verify: bool = True, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:

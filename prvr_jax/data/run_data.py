@@ -22,6 +22,7 @@ from prvr_jax.data import frame_data
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import protocol
+from prvr_jax.data import resident
 from prvr_jax.data import shard_format
 from prvr_jax.data import synthetic
 
@@ -111,13 +112,20 @@ def open_run_data(config: Any, workdir: str | None) -> protocol.RunData:
   """The run's data behind the `protocol.RunData` protocol; writes nothing (call
   `prepare_run_data` first)."""
   batching = protocol.Batching.from_config(config)
+  data = config.data
+  device = data.get('placement', 'stream') == 'device'
+  if device and (_from_frames(config) or data.get('train_pairs')):
+    raise ValueError('config.data.placement=device holds a shard folder\'s training videos; '
+                     'frame data (config.data.source=frames) and feature pairs '
+                     '(config.data.train_pairs) are streamed: set config.data.placement=stream')
   if _from_frames(config):
     return frame_data.open_frame_data(config, batching)
-  data = config.data
   reading = dict(shards=open_shards(config, workdir), batching=batching,
                  shuffle_buffer=data.shuffle_buffer,
                  max_queries_per_batch=data.max_queries_per_batch,
                  host_sharded_reading=data.host_sharded_reading)
   if data.get('train_pairs'):
     return protocol.FeaturePairData(**reading, release_dir=data.dir, collection=data.collection)
+  if device:
+    return resident.DeviceShardData(**reading)
   return protocol.ShardData(**reading)

@@ -28,7 +28,11 @@ EXACT_RESUME_FIELDS = (
     'model.', 'data.name', 'data.collection', 'data.visual_feature', 'data.text_feature',
     'data.synthetic_size', 'data.synthetic_seed', 'data.train_split', 'data.shuffle_buffer',
     'data.host_sharded_reading', 'data.skip_bad_items', 'data.max_queries_per_batch',
+    'data.placement',
     'train.batch_size', 'train.seed')
+# Fields added to the config after workdirs were written, with the value that does what a
+# workdir without them did: absent from a saved config, a field counts as this value.
+ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto'}
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).
 OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
                       'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
@@ -78,7 +82,8 @@ def read_saved_config(workdir: str) -> dict[str, Any] | None:
 def resume_config_changes(saved: Mapping[str, Any], config: Mapping[str, Any]
                           ) -> tuple[list[str], list[str]]:
   """(changes an exact resume cannot absorb, other changes), each 'key: old -> new'."""
-  old, new = flat_items(_as_json(saved)), flat_items(_as_json(config))
+  old = {**ADDED_FIELDS, **flat_items(_as_json(saved))}
+  new = flat_items(_as_json(config))
   breaking, other = [], []
   for key in sorted(set(old) | set(new)):
     if old.get(key, '<absent>') == new.get(key, '<absent>') or key.startswith(

@@ -1,10 +1,12 @@
-"""tf.data pipelines: batch contract, host splitting, determinism/resume, eval coverage, errors."""
+"""tf.data pipelines and device-resident training data: batch contract, host splitting,
+determinism/resume, eval coverage, errors."""
 
 import collections
 import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -12,6 +14,8 @@ import support
 support.require_tensorflow()
 
 from prvr_jax.data import pipeline
+from prvr_jax.data import protocol
+from prvr_jax.data import resident
 from prvr_jax.data import shard_format
 from prvr_jax.data import synthetic
 
@@ -45,38 +49,82 @@ def _columns(batch, catalog):
   return [videos[batch['clip_feats'][i].tobytes()][0] for i in np.flatnonzero(batch['video_valid'])]
 
 
+def _check_train_batch(batch, num_slots, batch_size, shards, catalog):
+  """The training-batch contract (docs/design.md) of one numpy batch, item by item against
+  the split's own videos and captions (`catalog`)."""
+  lq, dq, dv = shards.max_query_len, shards.query_dim, shards.visual_dim
+  videos, captions = catalog
+  q, b = num_slots, batch_size
+  assert {k: (v.shape, v.dtype.name) for k, v in batch.items()} == {
+      'clip_feats': ((b, 32, dv), 'float32'), 'frame_feats': ((b, 128, dv), 'float32'),
+      'frame_mask': ((b, 128), 'float32'), 'video_valid': ((b,), 'bool'),
+      'query_feats': ((q, lq, dq), 'float32'), 'query_mask': ((q, lq), 'float32'),
+      'query_valid': ((q,), 'bool'), 'query_video': ((q,), 'int32')}
+  valid_q = batch['query_valid']
+  # Queries of one video are contiguous, in video order, padding slots last and zero.
+  assert (np.diff(batch['query_video'][valid_q]) >= 0).all()
+  assert valid_q[:valid_q.sum()].all()
+  assert not batch['query_feats'][~valid_q].any() and not batch['query_video'][~valid_q].any()
+  for i in range(b):
+    if not batch['video_valid'][i]:
+      assert not batch['frame_mask'][i].any() and not (batch['query_video'][valid_q] == i).any()
+      assert not batch['clip_feats'][i].any() and not batch['frame_feats'][i].any()
+      continue
+    column, num_frames = videos[batch['clip_feats'][i].tobytes()]
+    assert batch['frame_mask'][i].sum() == num_frames
+    assert not batch['frame_feats'][i, num_frames:].any()
+    mine = np.flatnonzero(valid_q & (batch['query_video'] == i))
+    expected = captions[column]  # in caption-file order, as the shards store them
+    assert len(mine) == len(expected)
+    for slot, (_, tokens, mask) in zip(mine, expected):
+      np.testing.assert_array_equal(batch['query_feats'][slot], tokens)
+      np.testing.assert_array_equal(batch['query_mask'][slot], mask)
+
+
 def test_train_batch_contract(shards, catalog):
   it = pipeline.train_iterator(shards, global_batch_size=6, seed=1, num_epochs=1,
                                process_index=0, process_count=1)
   split = shards.split('train')
   assert it.steps_per_epoch == len(it) == -(-split.num_videos // 6)
   assert it.num_query_slots == split.max_queries(6) <= 6 * split.max_captions_per_video
-  lq, dq, dv = shards.max_query_len, shards.query_dim, shards.visual_dim
-  videos, captions = catalog
   for batch in it:
-    q = it.num_query_slots
-    assert {k: (v.shape, v.dtype.name) for k, v in batch.items()} == {
-        'clip_feats': ((6, 32, dv), 'float32'), 'frame_feats': ((6, 128, dv), 'float32'),
-        'frame_mask': ((6, 128), 'float32'), 'video_valid': ((6,), 'bool'),
-        'query_feats': ((q, lq, dq), 'float32'), 'query_mask': ((q, lq), 'float32'),
-        'query_valid': ((q,), 'bool'), 'query_video': ((q,), 'int32')}
-    valid_q = batch['query_valid']
-    # Queries of one video are contiguous, in video order, padding slots last and zero.
-    assert (np.diff(batch['query_video'][valid_q]) >= 0).all()
-    assert valid_q[:valid_q.sum()].all()
-    assert not batch['query_feats'][~valid_q].any() and not batch['query_video'][~valid_q].any()
-    for i in range(6):
-      if not batch['video_valid'][i]:
-        assert not batch['frame_mask'][i].any() and not (batch['query_video'][valid_q] == i).any()
-        continue
-      column, num_frames = videos[batch['clip_feats'][i].tobytes()]
-      assert batch['frame_mask'][i].sum() == num_frames
-      mine = np.flatnonzero(valid_q & (batch['query_video'] == i))
-      expected = captions[column]  # in caption-file order, as the shards store them
-      assert len(mine) == len(expected)
-      for slot, (_, tokens, mask) in zip(mine, expected):
-        np.testing.assert_array_equal(batch['query_feats'][slot], tokens)
-        np.testing.assert_array_equal(batch['query_mask'][slot], mask)
+    _check_train_batch(batch, it.num_query_slots, 6, shards, catalog)
+
+
+def _device_data(shards, batch_size, seed):
+  return resident.DeviceShardData(shards=shards, batching=protocol.Batching(
+      batch_size=batch_size, seed=seed, video_batch_size=8, query_batch_size=8,
+      split_names={'train': 'train', 'val': 'val', 'test': 'test'}))
+
+
+def test_device_resident_batches_keep_the_contract_and_resume_exactly(shards, catalog):
+  """`config.data.placement='device'`: the same contract, steps per epoch and query slots as
+  the stream; every video once per epoch, reshuffled every epoch; a resumed run replays."""
+  split = shards.split('train')
+  data = _device_data(shards, 6, seed=1)
+  spe = data.steps_per_epoch
+  assert spe == pipeline.steps_per_epoch(split, 6)
+  mesh = support.data_mesh(1)
+  it = data.train_batches(0, mesh)
+  batches = [jax.device_get(next(it)) for _ in range(2 * spe)]
+  for batch in batches:
+    _check_train_batch(batch, split.max_queries(6), 6, shards, catalog)
+  epochs = [[c for b in batches[e * spe:(e + 1) * spe] for c in _columns(b, catalog)]
+            for e in range(2)]
+  assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(split.num_videos))
+  assert epochs[0] != epochs[1]
+  resumed = data.train_batches(spe - 1, mesh)
+  for expected in batches[spe - 1:spe + 1]:
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(next(resumed)), expected)
+  other_seed = _device_data(shards, 6, seed=2).train_batches(0, mesh)
+  assert _columns(jax.device_get(next(other_seed)), catalog) != _columns(batches[0], catalog)
+
+
+def test_device_resident_batches_refuse_too_few_query_slots(shards):
+  data = _device_data(shards, 6, seed=1)
+  data.max_queries_per_batch = 1
+  with pytest.raises(ValueError, match='more than config.data.max_queries_per_batch=1'):
+    next(data.train_batches(0, support.data_mesh(1)))
 
 
 def test_two_hosts_see_every_video_once_per_epoch(shards, catalog):
@@ -195,3 +243,16 @@ def test_hostile_or_malformed_manifests_are_refused(tmp_path):
   with pytest.raises(shard_format.ShardError,
                      match=r"manifest.json is malformed \(KeyError: 'visual_dim'\)"):
     pipeline.open_shards(out)
+
+
+def test_placement_device_opens_device_resident_data(shards):
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top
+  config = support.load_config('gmmformer', 'tiny')
+  config.data.dir = shards.dir
+  config.data.placement = 'device'
+  data = run_data.open_run_data(config, None)
+  assert isinstance(data, resident.DeviceShardData)
+  assert data.identity() == shards.identity()
+  config.data.source = 'frames'
+  with pytest.raises(ValueError, match='set config.data.placement=stream'):
+    run_data.open_run_data(config, None)

@@ -62,6 +62,16 @@ def test_config_changes_are_sorted_into_breaking_and_other():
   assert other == ['optim.lr: 0.0003 -> 0.05']
 
 
+def test_fields_added_since_a_workdir_was_written_count_as_what_it_did():
+  config = support.load_config('gmmformer', 'tiny')
+  saved = config.to_dict()
+  del saved['data']['placement'], saved['train']['kernels']  # a workdir from before them
+  assert workdir_lib.resume_config_changes(saved, config.to_dict()) == ([], [])
+  config.data.placement, config.train.kernels = 'device', 'plain'
+  assert workdir_lib.resume_config_changes(saved, config.to_dict()) == (
+      ["data.placement: 'stream' -> 'device'"], ["train.kernels: 'auto' -> 'plain'"])
+
+
 def test_record_config_keeps_a_history(tmp_path):
   config = support.load_config('gmmformer', 'tiny').to_dict()
   workdir_lib.record_config(str(tmp_path), config, 0, [])
