@@ -111,21 +111,33 @@ class MetricWriter:
 
 
 class StepLog:
-  """Host side of one epoch's train steps: finiteness check, running means, logging, progress."""
+  """Host side of one epoch's train steps: finiteness check, running means, logging, progress.
+
+  The first step an epoch's log sees waits for whatever came before it (the compile, the
+  input pipeline's warm-up, a restore): `steps_per_sec` and the progress bar's rate and ETA
+  count the steps after it, timed from its completion. `add` must see a step as soon as it
+  completes for the steps that close a logging window (`needs_sync`), so that the window's
+  time ends where its last step did, however the backend dispatches.
+  """
 
   def __init__(self, writer: MetricWriter, checkpoints: 'Checkpoints', log_every: int, epoch: int,
                first_step: int, epoch_end: int, steps_per_epoch: int, show: bool):
     self.writer, self.checkpoints, self.log_every = writer, checkpoints, log_every
-    self.epoch, self.epoch_end = epoch, epoch_end
-    self.window, self.window_steps, self.tick = {}, 0, time.time()
+    self.epoch, self.epoch_end, self.first_step = epoch, epoch_end, first_step
+    self.window, self.window_steps, self.timed_steps, self.tick = {}, 0, 0, None
     self.total, self.steps = {}, 0
     self.bar = tqdm.tqdm(total=steps_per_epoch,
                          initial=first_step - (epoch_end - steps_per_epoch),
                          desc=f'epoch {epoch}', disable=not show, dynamic_ncols=True)
 
+  def needs_sync(self, step: int) -> bool:
+    """Whether the update that produced `step` opens the timing or closes a logging window."""
+    return step == self.first_step + 1 or step % self.log_every == 0 or step == self.epoch_end
+
   def add(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
     """Records the metrics of the update that produced `step` (blocks until it is done)."""
     values = {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+    now = time.time()
     if not np.isfinite(values['loss']):
       terms = ', '.join(f'{k}={v:.6g}' for k, v in values.items())
       last = self.checkpoints.latest_step()
@@ -140,13 +152,21 @@ class StepLog:
     self.window_steps += 1
     self.steps += 1
     self.bar.update(1)
+    if self.tick is None:  # the first step: the rates and the ETA start at its completion
+      self.tick = now
+      done = self.bar.n
+      self.bar.reset()  # restarts tqdm's clock and rate
+      self.bar.initial = self.bar.n = self.bar.last_print_n = done
+      self.bar.refresh()
+    else:
+      self.timed_steps += 1
     self.bar.set_postfix(loss=f'{values["loss"]:.4f}')
     if step % self.log_every == 0 or step == self.epoch_end:
-      now = time.time()
       scalars = {k: v / self.window_steps for k, v in self.window.items()}
-      scalars['steps_per_sec'] = self.window_steps / max(now - self.tick, 1e-9)
+      if self.timed_steps:
+        scalars['steps_per_sec'] = self.timed_steps / max(now - self.tick, 1e-9)
       self.writer.write(step, 'train', scalars, epoch=self.epoch)
-      self.window, self.window_steps, self.tick = {}, 0, now
+      self.window, self.window_steps, self.timed_steps, self.tick = {}, 0, 0, now
 
   def mean_loss(self) -> float:
     return self.total['loss'] / self.steps if self.steps else float('nan')

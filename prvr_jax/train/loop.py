@@ -221,16 +221,19 @@ def _train_epochs(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh
     log = logs.StepLog(writer, checkpoints, max(int(config.train.log_every_steps), 1), epoch,
                        step, epoch_end, epoch_steps, show=jax.process_index() == 0)
     pending = None
-    # The host reads step t-1's metrics while step t runs: the NaN check costs no sync.
+    # The host reads step t-1's metrics while step t runs: the NaN check costs no sync. Steps
+    # that are saved, or that open the timing or close a logging window, are read at once.
     while step < epoch_end:
       state, step_metrics = train_step(state, next(batches), np.int32(epoch))
       step += 1
       if pending is not None:
         log.add(*pending)
       pending = (step, step_metrics)
-      if step == stop_after or (every and step % every == 0 and step != epoch_end):
+      save = step == stop_after or (every and step % every == 0 and step != epoch_end)
+      if save or log.needs_sync(step):
         log.add(*pending)
         pending = None
+      if save:
         checkpoints.save_latest(state, {**meta, 'step': step})
         if step == stop_after:
           log.close()

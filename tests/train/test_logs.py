@@ -101,3 +101,37 @@ def test_a_planted_link_is_not_written_through(tmp_path, without_tensorflow):
     writer.write(1, 'train', {'loss': 1.0})
   writer.close()
   assert victim.read_text() == 'precious'
+
+
+class _Writer:
+  def __init__(self):
+    self.records = []
+
+  def write(self, step, split, scalars, **extra):
+    self.records.append((step, split, dict(scalars), extra))
+
+
+def test_step_rates_and_eta_leave_out_the_first_step(monkeypatch):
+  """The first step of an epoch's log (the compile, the pipeline's warm-up) is in the loss
+  means, not in `steps_per_sec` nor in the progress bar's rate; a window of that step alone
+  states no rate."""
+  clock = iter([100.0, 101.0, 103.0, 104.0, 200.0])  # the completions add() sees
+  monkeypatch.setattr(logs.time, 'time', lambda: next(clock))
+  writer = _Writer()
+  log = logs.StepLog(writer, None, log_every=2, epoch=0, first_step=0, epoch_end=4,
+                     steps_per_epoch=4, show=True)
+  assert [log.needs_sync(s) for s in (1, 2, 3, 4)] == [True, True, False, True]
+  for step, loss in zip((1, 2, 3, 4), (4.0, 2.0, 1.0, 3.0)):
+    log.add(step, {'loss': np.float32(loss)})
+    if step == 1:
+      assert log.bar.initial == log.bar.n == log.bar.last_print_n == 1  # the ETA from here
+  log.close()
+  assert [(r[0], r[2]) for r in writer.records] == [
+      (2, {'loss': 3.0, 'steps_per_sec': 1.0}),  # step 2 alone: 100 -> 101
+      (4, {'loss': 2.0, 'steps_per_sec': 2 / 3})]  # steps 3 and 4: 101 -> 104
+  resumed = logs.StepLog(writer, None, log_every=2, epoch=1, first_step=5, epoch_end=8,
+                         steps_per_epoch=4, show=False)
+  assert resumed.needs_sync(6)
+  resumed.add(6, {'loss': np.float32(1.0)})  # opens the window and the timing: no rate yet
+  assert writer.records[-1] == (6, 'train', {'loss': 1.0}, {'epoch': 1})
+  resumed.close()
