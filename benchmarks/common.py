@@ -125,16 +125,17 @@ def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> dict[str, float]:
           'gbs': max(nbytes / read, 2 * nbytes / copy) / 1e9}
 
 
-def load_config(name: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """configs/<name>.py at its paper-size variant, with `key=value` overrides (each value typed
-  like the key's current value; JSON for the others)."""
+def load_config(name: str, overrides: Sequence[str] = (), variant: str | None = None
+                ) -> ml_collections.ConfigDict:
+  """configs/<name>.py at `variant` (default: its paper-size variant), with `key=value`
+  overrides (each value typed like the key's current value; JSON for the others)."""
   path = os.path.join(ROOT, 'configs', f'{name}.py')
   if not os.path.exists(path):
     raise ValueError(f'--models: no config {path} for model {name!r}.')
   spec = importlib.util.spec_from_file_location(f'config_{name}', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  config = module.get_config(VARIANTS.get(name, DEFAULT_VARIANT))
+  config = module.get_config(variant or VARIANTS.get(name, DEFAULT_VARIANT))
   for item in overrides:
     key, sep, text = item.partition('=')
     if not sep:

@@ -1,0 +1,251 @@
+r"""Paper scale on one machine: a TVR-sized release through prepare, training, evaluation and
+the index, one table.
+
+  python benchmarks/scale.py --fraction=0.25 --workdir=/data/scale [--release=PATH] \
+      [--config=configs/gmmformer_v2.py:tvr] [--train_steps=3] [--set=key=value] \
+      [--output=benchmarks/results/scale_amd_epyc_0.25.json]
+
+Without `--release` it writes a release of TVR's shapes, scaled by `--fraction`
+(`write_tvr_shaped`: 17,435 / 2,179 / 2,179 train / val / test videos of ~51 3072-d clip
+features, 5 captions each of ~13 768-d RoBERTa-like tokens, about 18 GB in float32 at 1.0; random
+features with a planted signal, the MS-SL file layout, through `release.ReleaseWriter`). Then,
+each phase in its own process (its wall time and peak RSS its own): `prvr-prepare` into shards,
+`train.py` for `--train_steps` steps, `evaluate.py` on the test split from that checkpoint,
+`prvr-index build` of the test videos and `prvr-index search` of the test captions. It measures
+the disk's write and read rates and the float32 matmul peak in the same run and prints, per
+phase, wall time, peak RSS, bytes it wrote and its floor:
+
+* prepare: reading the release's feature bytes once and writing the shards' bytes once;
+* evaluate: matching every test query against every stored vector of every test video
+  (`2 * Q * V * sum of the stored rows * width` FLOPs, `spec.stored_per_video`) at the matmul
+  peak, plus reading the test split's shards once;
+* generate, train, index: no floor is stated ("-").
+
+`--keep` leaves the folders in `--workdir` (by default the benchmark removes what it wrote).
+"""
+
+from collections.abc import Sequence
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from common import ROOT, load_config, machine, matmul_peak_gflops  # benchmarks/common.py
+
+_FRACTION = flags.DEFINE_float('fraction', 0.01, 'Share of TVR\'s videos and captions.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for the release, shards, run and index '
+                               '(default: a temporary folder).')
+_RELEASE = flags.DEFINE_string('release', None, 'A real release folder (MS-SL layout) instead '
+                               'of the generated one.')
+_CONFIG = flags.DEFINE_string('config', 'configs/gmmformer_v2.py:tvr', 'Config file[:variant].')
+_SET = flags.DEFINE_multi_string('set', [], 'Config override key=value, for every phase.')
+_STEPS = flags.DEFINE_integer('train_steps', 3, 'Training steps.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the generated release.')
+_KEEP = flags.DEFINE_bool('keep', False, 'Keep what the benchmark wrote.')
+_OUTPUT = flags.DEFINE_string('output', None, 'JSON of every number.')
+_DISK_PROBE = flags.DEFINE_integer('disk_probe_mb', 1024, 'MB written and read back to measure '
+                                   'the disk\'s rates.')
+
+# TVR (the MS-SL release): videos per split, captions per video, mean clips and tokens.
+TVR_VIDEOS = {'train': 17_435, 'val': 2_179, 'test': 2_179}
+CAPTIONS_PER_VIDEO = 5
+CLIPS = (20, 83)     # uniform: mean 51
+TOKENS = (6, 21)     # uniform: mean 13
+VISUAL_DIM, QUERY_DIM = 3072, 768
+SECONDS_PER_CLIP = 1.5
+
+
+def write_tvr_shaped(root: str, fraction: float, seed: int = 0) -> str:
+  """A release of TVR's shapes scaled by `fraction` (at least 2 videos a split) in
+  `<root>/tvr`; returns the collection folder. Written video by video: memory stays small.
+
+  Each video has a planted moment: a random direction `m` in the query space, added to its
+  frames in the moment's span through a fixed random projection; its captions' tokens are `m`
+  plus noise. Moments are recorded (`moments.txt`).
+  """
+  from prvr_jax.data import release  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  projection = rng.standard_normal((QUERY_DIM, VISUAL_DIM), np.float32) / np.sqrt(QUERY_DIM)
+  with release.ReleaseWriter(root, 'tvr', 'i3d_resnet', 'roberta') as writer:
+    for split, full in TVR_VIDEOS.items():
+      captions, moments = [], []
+      for i in range(max(2, round(full * fraction))):
+        video_id = f'{split}_{i:06d}'
+        clips = int(rng.integers(*CLIPS))
+        frames = rng.standard_normal((clips, VISUAL_DIM), np.float32)
+        for k in range(CAPTIONS_PER_VIDEO):
+          start = int(rng.integers(0, clips))
+          end = int(rng.integers(start + 1, clips + 1))
+          moment = rng.standard_normal(QUERY_DIM).astype(np.float32)
+          frames[start:end] += 2.0 * (moment @ projection)
+          tokens = rng.standard_normal((int(rng.integers(*TOKENS)), QUERY_DIM), np.float32)
+          cap_id = f'{video_id}#enc#{k}'
+          writer.add_caption_features(cap_id, tokens + moment)
+          captions.append((cap_id, f'caption {k} of {video_id}'))
+          moments.append((cap_id, start * SECONDS_PER_CLIP, end * SECONDS_PER_CLIP,
+                          clips * SECONDS_PER_CLIP))
+        writer.add_video(video_id, frames)
+      writer.write_captions(split, captions)
+      writer.write_moments(split, moments)
+  return os.path.join(root, 'tvr')
+
+
+def folder_bytes(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
+
+
+def disk_rates(folder: str, size: int = 1 << 30) -> dict[str, float]:
+  """MB/s of writing `size` bytes to `folder` (fsync'ed) and of reading them back with the
+  page cache dropped for the file (`posix_fadvise`)."""
+  path = os.path.join(folder, 'disk_rate.bin')
+  block = np.random.default_rng(0).bytes(min(size, 64 << 20))
+  start = time.perf_counter()
+  with open(path, 'wb') as f:
+    for _ in range(max(1, size // len(block))):
+      f.write(block)
+    f.flush()
+    os.fsync(f.fileno())
+  write_s = time.perf_counter() - start
+  with open(path, 'rb') as f:
+    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    start = time.perf_counter()
+    while f.read(64 << 20):
+      pass
+  read_s = time.perf_counter() - start
+  os.remove(path)
+  return {'write_mb_s': size / 2**20 / write_s, 'read_mb_s': size / 2**20 / read_s}
+
+
+def run_phase(name: str, command: Sequence[str], wrote: str | None = None) -> dict[str, Any]:
+  """Runs `command` in its own process: wall seconds, its peak RSS (MB), the bytes of the
+  folder `wrote` afterwards; raises with the end of its output if it fails."""
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [
+      ROOT, os.path.join(ROOT, 'benchmarks'), os.environ.get('PYTHONPATH')]))}
+  print(f'[{name}] {" ".join(command)}', flush=True)
+  start = time.perf_counter()
+  with tempfile.TemporaryFile('w+') as log:
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if process.returncode:
+      log.seek(0)
+      raise RuntimeError(f'phase {name} exited {process.returncode}:\n{log.read()[-4000:]}')
+  return {'phase': name, 'wall_s': wall, 'peak_rss_mb': usage.ru_maxrss / 1024,
+          'bytes': folder_bytes(wrote) if wrote and os.path.exists(wrote) else None}
+
+
+def matching_gflop(config: Any, num_queries: int, num_videos: int) -> float:
+  """Every query against every stored vector of every video: 2 * Q * V * rows * width."""
+  from prvr_jax import models  # pylint: disable=g-import-not-at-top
+  stored = models.get_spec(config.model).stored_per_video(config.model)
+  elements = sum(int(np.prod(s.shape)) for s in stored.values())
+  return 2 * num_queries * num_videos * elements / 1e9
+
+
+def run(work: str) -> dict[str, Any]:
+  """The phases in `work`; every number of the table."""
+  config_args = [f'--config={_CONFIG.value}', *(f'--config.{item}' for item in _SET.value)]
+  python = sys.executable
+  info = machine()
+  peak = matmul_peak_gflops(2048 if info['platform'] == 'cpu' else 8192)
+  rates = disk_rates(work, _DISK_PROBE.value << 20)
+  report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peak, 'disk': rates,
+                            'settings': {'fraction': _FRACTION.value, 'config': _CONFIG.value,
+                                         'set': _SET.value, 'train_steps': _STEPS.value,
+                                         'release': _RELEASE.value}, 'phases': []}
+  phases = report['phases']
+  release_dir = _RELEASE.value
+  if release_dir is None:
+    phases.append(run_phase('generate', [python, os.path.abspath(__file__), '--phase=generate',
+                                         f'--fraction={_FRACTION.value}', f'--seed={_SEED.value}',
+                                         f'--workdir={work}'], os.path.join(work, 'tvr')))
+    release_dir = os.path.join(work, 'tvr')
+  shards, train_dir = os.path.join(work, 'shards'), os.path.join(work, 'run')
+  index_dir = os.path.join(work, 'index')
+  data = [f'--config.data.dir={shards}']
+  phases.append(run_phase('prepare', [python, '-m', 'prvr_jax.tools.prepare', *config_args,
+                                      f'--config.data.dir={release_dir}', f'--out={shards}'],
+                          shards))
+  release_bytes = folder_bytes(release_dir)
+  phases[-1]['floor_s'] = (release_bytes / 2**20 / rates['read_mb_s']
+                           + phases[-1]['bytes'] / 2**20 / rates['write_mb_s'])
+  phases.append(run_phase('train', [
+      python, 'train.py', *config_args, *data, f'--workdir={train_dir}',
+      f'--config.train.stop_after_steps={_STEPS.value}'], train_dir))
+  phases.append(run_phase('evaluate', [
+      python, 'evaluate.py', *config_args, *data, f'--checkpoint={train_dir}', '--split=test',
+      f'--output_dir={os.path.join(work, "eval")}'], os.path.join(work, 'eval')))
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  test = pipeline.open_shards(shards).split('test')
+  path, _, variant = _CONFIG.value.partition(':')
+  config = load_config(os.path.basename(path).removesuffix('.py'), _SET.value, variant or None)
+  gflop = matching_gflop(config, test.num_captions, test.num_videos)
+  phases[-1]['floor_s'] = (gflop / peak + sum(s.bytes for s in test.shards) / 2**20
+                           / rates['read_mb_s'])
+  phases.append(run_phase('index build', [
+      python, '-m', 'prvr_jax.tools.index', 'build', *config_args, *data,
+      f'--checkpoint={train_dir}', '--split=test', f'--out={index_dir}'], index_dir))
+  queries = os.path.join(release_dir, 'TextData', 'roberta_tvr_query_feat.hdf5')
+  phases.append(run_phase('index search', [
+      python, '-m', 'prvr_jax.tools.index', 'search', f'--index={index_dir}',
+      f'--queries={queries}', '--k=100', f'--output={os.path.join(work, "hits.jsonl")}']))
+  report['release_bytes'] = release_bytes
+  report['test'] = {'videos': test.num_videos, 'captions': test.num_captions,
+                    'matching_gflop': gflop}
+  return report
+
+
+def table(report: dict[str, Any]) -> str:
+  rows = ['| phase | wall s | peak RSS MB | bytes written | floor s | wall / floor |',
+          '| --- | ---: | ---: | ---: | ---: | ---: |']
+  for p in report['phases']:
+    floor = p.get('floor_s')
+    size = ('-' if p['bytes'] is None else f'{p["bytes"] / 2**30:.2f} GiB'
+            if p['bytes'] >= 2**30 else f'{p["bytes"] / 2**20:.1f} MiB')
+    rows.append(f'| {p["phase"]} | {p["wall_s"]:.0f} | {p["peak_rss_mb"]:.0f} | {size} | '
+                + (f'{floor:.1f} | {p["wall_s"] / floor:.1f}x |' if floor else '- | - |'))
+  return '\n'.join(rows)
+
+
+_PHASE = flags.DEFINE_enum('phase', None, ['generate'], 'Internal: run one phase.')
+
+
+def main(argv):
+  del argv
+  if _PHASE.value == 'generate':
+    write_tvr_shaped(_WORKDIR.value, _FRACTION.value, _SEED.value)
+    return
+  work = _WORKDIR.value or tempfile.mkdtemp(prefix='prvr_scale_')
+  os.makedirs(work, exist_ok=True)
+  made = set(os.listdir(work))
+  try:
+    report = run(work)
+  finally:
+    if not _KEEP.value:  # only what this run wrote
+      for name in set(os.listdir(work)) - made:
+        path = os.path.join(work, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+      if not _WORKDIR.value:
+        os.rmdir(work)
+  print(f'{report["machine"]["cpu"]}, {report["machine"]["device"]}; matmul peak '
+        f'{report["matmul_peak_gflops"]:.0f} GFLOP/s; disk write '
+        f'{report["disk"]["write_mb_s"]:.0f} MB/s, read {report["disk"]["read_mb_s"]:.0f} MB/s; '
+        f'release {report["release_bytes"] / 2**30:.2f} GiB, test '
+        f'{report["test"]["captions"]} x {report["test"]["videos"]}')
+  print(table(report))
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,38 @@
+"""`benchmarks/scale.py` at a tiny fraction: every phase runs, and the table states each."""
+
+import json
+
+import numpy as np
+
+from prvr_jax import models
+import support
+
+
+def test_scale_benchmark_runs_every_phase_at_a_tiny_fraction(tmp_path):
+  support.require_tensorflow()
+  work, output = tmp_path / 'work', tmp_path / 'scale.json'
+  work.mkdir()
+  sets = ('train.batch_size=4', 'model.hidden_dim=16', 'eval.video_batch_size=4',
+          'data.check_published=False')  # a release of its own, not TVR's published sizes
+  proc = support.run_cli(
+      'benchmarks/scale.py', '--fraction=0.0005', '--config=configs/ms_sl.py:tvr',
+      '--train_steps=1', *(f'--set={s}' for s in sets), f'--workdir={work}',
+      '--disk_probe_mb=16', f'--output={output}', cache_dir=None)
+  report = json.loads(output.read_text())
+  phases = {p['phase']: p for p in report['phases']}
+  assert list(phases) == ['generate', 'prepare', 'train', 'evaluate', 'index build',
+                          'index search']
+  assert all(p['wall_s'] > 0 and p['peak_rss_mb'] > 0 for p in phases.values())
+  assert all(phases[p]['bytes'] > 0 for p in ('generate', 'prepare', 'train', 'index build'))
+  assert phases['prepare']['floor_s'] > 0 and phases['evaluate']['floor_s'] > 0
+  # Two test videos (the least a split gets), five captions each; the floor's FLOPs: every
+  # caption against every stored vector of every video.
+  config = support.load_config('ms_sl', 'tvr')
+  config.model.hidden_dim = 16
+  stored = models.get_spec(config.model).stored_per_video(config.model)
+  elements = sum(int(np.prod(s.shape)) for s in stored.values())
+  assert report['test'] == {'videos': 2, 'captions': 10,
+                            'matching_gflop': 2 * 10 * 2 * elements / 1e9}
+  for phase in phases:
+    assert f'| {phase} |' in proc.stdout
+  assert not list(work.iterdir())  # it removed what it wrote, and only that
