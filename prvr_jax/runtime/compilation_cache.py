@@ -6,10 +6,10 @@ folder is `--compilation_cache_dir`; without the flag, `$JAX_COMPILATION_CACHE_D
 set (set and empty: off), else `DEFAULT_DIR`. `--compilation_cache_dir=` turns it off.
 
 JAX writes no entry for a program that compiled in under
-`jax_persistent_cache_min_compile_time_secs` (1 s by default), nor for one with a host callback
-(GMMFormer v2's train step, whose Hungarian matching runs on the host through
-`jax.pure_callback`). On GPUs JAX also keeps XLA's autotuning results in the folder, which a
-program it does not cache reuses all the same.
+`jax_persistent_cache_min_compile_time_secs` (1 s by default), nor for one with a host callback;
+`enable` also caches the latter (GMMFormer v2's and ProtoPRVR's train steps, whose Hungarian
+matching runs on the host through `jax.pure_callback`) through `host_callback_cache`. On GPUs
+JAX also keeps XLA's autotuning results in the folder.
 """
 
 import os
@@ -17,6 +17,8 @@ import os
 from absl import flags
 from absl import logging
 import jax
+
+from prvr_jax.runtime import host_callback_cache
 
 DEFAULT_DIR = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache'),
                            'prvr_jax', 'jax_compilation_cache')
@@ -54,6 +56,9 @@ def enable(path: str | None = None, multi_process_cpu: bool = False) -> str | No
     raise ValueError(f'--compilation_cache_dir={path}: cannot create the folder ({e}); pass '
                      'another folder, or --compilation_cache_dir= to turn the cache off.') from e
   jax.config.update('jax_compilation_cache_dir', path)
-  logging.info('Persistent compilation cache: %s', path)
+  callbacks = host_callback_cache.install()
+  logging.info('Persistent compilation cache: %s%s', path,
+               '' if callbacks else ' (programs with host callbacks are compiled every run: '
+               "this JAX's internals differ from what prvr_jax.runtime.host_callback_cache knows)")
   return path
 
