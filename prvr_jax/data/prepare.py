@@ -16,6 +16,7 @@ docs/data_pipeline.md.
 
 import collections
 from concurrent import futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,7 +25,9 @@ import multiprocessing
 import os
 import shutil
 import struct
+import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -228,24 +231,24 @@ class _ReleaseArgs:
         visual_dim=self.visual_dim, query_dim=self.query_dim, skip_bad_items=self.skip_bad_items)
 
 
-_WORKER: dict[str, Any] = {}  # per worker process: the opened release, split and serializer
+_WORKER: dict[str, Any] = {}  # per worker process: the opened release, its splits' moments
 
 
 def _worker_shard(args: _ReleaseArgs, name: str, num_videos: int, task: _ShardTask
                   ) -> dict[str, Any]:
-  """`_ensure_shard` in a worker process, which opens the release once per split."""
-  if _WORKER.get('key') != (args, name):
+  """`_ensure_shard` in a worker process, which opens the release itself (once)."""
+  if _WORKER.get('args') != args:
     _WORKER.clear()
-    release = args.open()
-    split = release.split(name)
-    _WORKER.update(key=(args, name), split=split, moments=check.split_moments(release, split),
-                   serialize=RecordSerializer())
-  split = _WORKER['split']
+    _WORKER.update(args=args, release=args.open(), moments={}, serialize=RecordSerializer())
+  release = _WORKER['release']
+  split = release.split(name)
+  if name not in _WORKER['moments']:
+    _WORKER['moments'][name] = check.split_moments(release, split)
   if len(split.video_ids) != num_videos:
     raise ShardError(f'split {name!r} of {args.root} has {len(split.video_ids)} videos in a '
                      f'worker but {num_videos} when preparation started: the release changed '
                      'while it was being prepared')
-  return _ensure_shard(split, _WORKER['moments'], task, _WORKER['serialize'])
+  return _ensure_shard(split, _WORKER['moments'][name], task, _WORKER['serialize'])
 
 
 def default_workers() -> int:
@@ -257,30 +260,63 @@ def default_workers() -> int:
   return max(1, min(cpus, MAX_DEFAULT_WORKERS))
 
 
-def _run_tasks(tasks: Sequence[_ShardTask], workers: int, split: release_lib.ReleaseSplit,
-               moments: dict, args: _ReleaseArgs | None,
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+  """Makes `__main__` a bare module meanwhile: a spawned process imports the parent's main
+  module again (multiprocessing's rule), which would re-run a script that calls
+  `prepare_shards` outside an `if __name__ == '__main__':` guard. Workers need nothing there."""
+  main = sys.modules['__main__']
+  sys.modules['__main__'] = types.ModuleType('__main__')
+  try:
+    yield
+  finally:
+    sys.modules['__main__'] = main
+
+
+class _Workers:
+  """The worker processes of a preparation: `size` fresh interpreters (spawned: TensorFlow is
+  not fork-safe), started when a split first needs them and shared by the splits."""
+
+  def __init__(self, size: int, args: _ReleaseArgs):
+    self.size, self.args = size, args
+    self._pool: futures.ProcessPoolExecutor | None = None
+
+  def run(self, tasks: Sequence[_ShardTask], split: release_lib.ReleaseSplit,
+          done: Callable[[_ShardTask, dict[str, Any]], None]) -> None:
+    """Runs `_ensure_shard` for `tasks` in the workers; calls `done` as each shard finishes."""
+    if self._pool is None:
+      self._pool = futures.ProcessPoolExecutor(self.size,
+                                               mp_context=multiprocessing.get_context('spawn'))
+    with _bare_main():  # the workers start at the first submit
+      pending = {self._pool.submit(_worker_shard, self.args, split.name, len(split.video_ids),
+                                   task): task for task in tasks}
+    try:
+      for future in futures.as_completed(pending):
+        done(pending[future], future.result())
+    except BaseException:
+      for future in pending:
+        future.cancel()
+      raise
+
+  def close(self) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(cancel_futures=True)
+      self._pool = None
+
+
+def _run_tasks(tasks: Sequence[_ShardTask], workers: _Workers | None,
+               split: release_lib.ReleaseSplit, moments: dict,
                done: Callable[[_ShardTask, dict[str, Any]], None]) -> None:
-  """Runs `_ensure_shard` for `tasks`, in-process (`workers=1`) or in a pool of fresh worker
-  processes (spawned: TensorFlow is not fork-safe); calls `done` as each shard finishes."""
-  if workers <= 1 or len(tasks) <= 1 or args is None:
+  """Runs `_ensure_shard` for `tasks`, in `workers` or in-process (None, or a single task)."""
+  if workers is None or len(tasks) <= 1:
     serialize = RecordSerializer()
     for task in tasks:
       done(task, _ensure_shard(split, moments, task, serialize))
-    return
-  pool = futures.ProcessPoolExecutor(min(workers, len(tasks)),
-                                     mp_context=multiprocessing.get_context('spawn'))
-  try:
-    pending = {pool.submit(_worker_shard, args, split.name, len(split.video_ids), task): task
-               for task in tasks}
-    for future in futures.as_completed(pending):
-      done(pending[future], future.result())
-  except BaseException:
-    pool.shutdown(wait=False, cancel_futures=True)
-    raise
-  pool.shutdown()
+  else:
+    workers.run(tasks, split, done)
 
 
-def _split_info(name: str, template, shards: Sequence[dict[str, Any]]) -> tfds.core.SplitInfo:
+def _split_info(name: str, template: Any, shards: Sequence[dict[str, Any]]) -> tfds.core.SplitInfo:
   """The TFDS split info of written shards (`template`: the builder's file name template)."""
   return tfds.core.SplitInfo(
       name=name, shard_lengths=[len(s['video_orders']) for s in shards],
@@ -511,8 +547,8 @@ def _resume_tasks(split_dir: str, name: str, fingerprint: str, num_videos: int,
 
 
 def _write_split(split_dir: str, name: str, fingerprint: str, num_shards: int,
-                 tasks: Sequence[_ShardTask], workers: int, split: release_lib.ReleaseSplit,
-                 moments: dict, release_args: _ReleaseArgs) -> list[dict[str, Any]]:
+                 tasks: Sequence[_ShardTask], workers: _Workers | None,
+                 split: release_lib.ReleaseSplit, moments: dict) -> list[dict[str, Any]]:
   """Writes (or keeps) every shard of `tasks`, recording each finished one in the split's
   progress file; returns their records in shard order."""
   progress_path = os.path.join(split_dir, PROGRESS_FILE)
@@ -537,7 +573,7 @@ def _write_split(split_dir: str, name: str, fingerprint: str, num_shards: int,
   for task in tasks:
     if task.recorded is not None:
       results[task.index] = task.recorded
-  _run_tasks(tasks, workers, split, moments, release_args, done)
+  _run_tasks(tasks, workers, split, moments, done)
   return [results[i] for i in range(num_shards)]
 
 
@@ -546,8 +582,8 @@ def _write_tfds_metadata(builder: PrvrFeatures, name: str, shards: Sequence[dict
   """Makes a split folder a TFDS dataset: `dataset_info.json` (with the shard lengths),
   `features.json`, and the builder's default config (`prvr_features/.config`)."""
   info = builder.info
-  info.set_splits(tfds.core.SplitDict(
-      [_split_info(name, builder._get_filename_template(split_name=name), shards)]))  # pylint: disable=protected-access
+  template = builder._get_filename_template(split_name=name)  # pylint: disable=protected-access
+  info.set_splits(tfds.core.SplitDict([_split_info(name, template, shards)]))
   info.write_to_directory(builder.data_dir)
   config_dir = os.path.join(os.path.dirname(os.path.dirname(builder.data_dir)), '.config')
   os.makedirs(config_dir, exist_ok=True)
@@ -617,62 +653,66 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
     files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
 
-    for name in splits:
-      fingerprint = input_fingerprint(release, name, settings)
-      entry = manifest['splits'].get(name)
-      if _split_done(out_dir, entry, fingerprint):
-        _log.info('split %s: already prepared in %s', name, out_dir)
-        continue
-      if entry:
-        _log.warning('split %s: its release files changed since it was prepared in %s; '
-                     'rebuilding it', name, out_dir)
-        del manifest['splits'][name]
-        manifest['complete'] = False
-        files.write_json(manifest_path, manifest)
-      split = release.split(name)
-      moments = check.split_moments(release, split)
-      n = min(num_shards or _auto_num_shards(split, release), len(split.video_ids))
-      config = PrvrConfig(
-          name=f'{release.collection}-{visual_feature or text_feature}-{name}', splits=(name,),
-          **{k: v for k, v in settings.items() if k not in ('normalize', 'l2_eps')})
-      split_dir = os.path.join(out_dir, BUILDER_NAME, config.name, str(PrvrFeatures.VERSION))
-      tasks = _resume_tasks(split_dir, name, fingerprint, len(split.video_ids), n)
-      size = workers or default_workers()
-      if workers is None and _estimated_bytes(split, release) < PARALLEL_MIN_BYTES:
-        size = 1
-      _log.info('split %s: %d videos, %d captions -> %d shards in %s (%d to write, %d '
-                'worker(s))', name, len(split.video_ids), len(split.caption_ids), n, split_dir,
-                sum(t.recorded is None for t in tasks), min(size, len(tasks)))
-      shards = _write_split(split_dir, name, fingerprint, n, tasks, size, split, moments,
-                            release_args)
-      if split.skipped:
-        _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
-                     split.skipped[0][1])
+    pool = _Workers(workers or default_workers(), release_args)
+    try:
+      for name in splits:
+        fingerprint = input_fingerprint(release, name, settings)
+        entry = manifest['splits'].get(name)
+        if _split_done(out_dir, entry, fingerprint):
+          _log.info('split %s: already prepared in %s', name, out_dir)
+          continue
+        if entry:
+          _log.warning('split %s: its release files changed since it was prepared in %s; '
+                       'rebuilding it', name, out_dir)
+          del manifest['splits'][name]
+          manifest['complete'] = False
+          files.write_json(manifest_path, manifest)
+        split = release.split(name)
+        moments = check.split_moments(release, split)
+        n = min(num_shards or _auto_num_shards(split, release), len(split.video_ids))
+        config = PrvrConfig(
+            name=f'{release.collection}-{visual_feature or text_feature}-{name}', splits=(name,),
+            **{k: v for k, v in settings.items() if k not in ('normalize', 'l2_eps')})
+        split_dir = os.path.join(out_dir, BUILDER_NAME, config.name, str(PrvrFeatures.VERSION))
+        tasks = _resume_tasks(split_dir, name, fingerprint, len(split.video_ids), n)
+        parallel = pool.size > 1 and len(tasks) > 1 and (
+            workers is not None or _estimated_bytes(split, release) >= PARALLEL_MIN_BYTES)
+        _log.info('split %s: %d videos, %d captions -> %d shards in %s (%d to write, %s)', name,
+                  len(split.video_ids), len(split.caption_ids), n, split_dir,
+                  sum(t.recorded is None for t in tasks),
+                  f'{min(pool.size, len(tasks))} worker processes' if parallel else 'in-process')
+        shards = _write_split(split_dir, name, fingerprint, n, tasks, pool if parallel else None,
+                              split, moments)
+        if split.skipped:
+          _log.warning('split %s: skipped %d bad item(s): %s', name, len(split.skipped),
+                       split.skipped[0][1])
 
-      orders = [o for s in shards for o in s['video_orders']]
-      counts = [c for s in shards for c in s['caption_counts']]
-      if sorted(orders) != list(range(len(split.video_ids))) or sum(counts) != len(
-          split.caption_ids):
-        raise ShardError(f'the shards of split {name!r} in {split_dir} hold {len(orders)} '
-                         f'videos and {sum(counts)} captions, but the split has '
-                         f'{len(split.video_ids)} videos and {len(split.caption_ids)} captions; '
-                         'delete the folder and prepare again')
-      builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
-      if os.path.abspath(os.fspath(builder.data_dir)) != os.path.abspath(split_dir):
-        raise ShardError(f'TFDS puts split {name!r} in {builder.data_dir}, not {split_dir}')
-      _write_tfds_metadata(builder, name, shards)
-      shards = [{'file': os.path.relpath(os.path.join(split_dir, s['file']), out_dir),
-                 'num_videos': len(s['video_orders']), 'num_captions': sum(s['caption_counts']),
-                 'bytes': s['bytes'], 'sha256': s['sha256']} for s in shards]
-      index_file = f'index-{name}.json'
-      _write_index(os.path.join(out_dir, index_file), split, moments)
-      manifest['splits'][name] = _split_summary(
-          split, moments, shards, counts, index_file,
-          files.sha256_file(os.path.join(out_dir, index_file)), fingerprint)
-      manifest['visual_dim'] = split.visual_dim
-      manifest['query_dim'] = split.query_dim
-      files.write_json(manifest_path, manifest)
-      os.remove(os.path.join(split_dir, PROGRESS_FILE))  # the manifest now records the split
+        orders = [o for s in shards for o in s['video_orders']]
+        counts = [c for s in shards for c in s['caption_counts']]
+        if sorted(orders) != list(range(len(split.video_ids))) or sum(counts) != len(
+            split.caption_ids):
+          raise ShardError(f'the shards of split {name!r} in {split_dir} hold {len(orders)} '
+                           f'videos and {sum(counts)} captions, but the split has '
+                           f'{len(split.video_ids)} videos and {len(split.caption_ids)} captions; '
+                           'delete the folder and prepare again')
+        builder = PrvrFeatures(data_dir=out_dir, config=config, release=release)
+        if os.path.abspath(os.fspath(builder.data_dir)) != os.path.abspath(split_dir):
+          raise ShardError(f'TFDS puts split {name!r} in {builder.data_dir}, not {split_dir}')
+        _write_tfds_metadata(builder, name, shards)
+        shards = [{'file': os.path.relpath(os.path.join(split_dir, s['file']), out_dir),
+                   'num_videos': len(s['video_orders']), 'num_captions': sum(s['caption_counts']),
+                   'bytes': s['bytes'], 'sha256': s['sha256']} for s in shards]
+        index_file = f'index-{name}.json'
+        _write_index(os.path.join(out_dir, index_file), split, moments)
+        manifest['splits'][name] = _split_summary(
+            split, moments, shards, counts, index_file,
+            files.sha256_file(os.path.join(out_dir, index_file)), fingerprint)
+        manifest['visual_dim'] = split.visual_dim
+        manifest['query_dim'] = split.query_dim
+        files.write_json(manifest_path, manifest)
+        os.remove(os.path.join(split_dir, PROGRESS_FILE))  # the manifest now records the split
+    finally:
+      pool.close()
 
     manifest['split_overlaps'] = split_overlaps(out_dir, manifest, train_split)
     files.write_json(manifest_path, manifest)
