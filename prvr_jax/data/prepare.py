@@ -112,20 +112,19 @@ def video_examples(split: release_lib.ReleaseSplit,
     }
 
 
-class RecordSerializer:
+class _RecordSerializer:
   """Serialises a `video_examples` record as TFDS would (the FeaturesDict's encoding, then
   `tf.train.Example`), in canonical form: protobuf writes map fields in a per-process hash
-  order, the feature map sorted by key makes the same input give byte-identical shards."""
+  order, the feature map sorted by key (`deterministic=True`) makes the same input give
+  byte-identical shards."""
 
   def __init__(self):
-    from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
-    self._example = example_pb2.Example
     self.features = shard_features()
     self._serializer = example_serializer.ExampleSerializer(self.features.get_serialized_info())
 
   def __call__(self, record: dict[str, Any]) -> bytes:
-    data = self._serializer.serialize_example(self.features.encode_example(record))
-    return self._example.FromString(data).SerializeToString(deterministic=True)
+    example = self._serializer.get_tf_example(self.features.encode_example(record))
+    return example.SerializeToString(deterministic=True)
 
 
 def shard_bounds(num_videos: int, num_shards: int) -> list[int]:
@@ -172,13 +171,13 @@ def _write_shard(split: release_lib.ReleaseSplit, moments: dict, video_ids: Sequ
         data = serialize(record)
         example_bytes += len(data)
         writer.write(data)
+        if not split.release.is_clip:  # only this video's rows stay mapped
+          split.release.bigfile.drop_pages()
     info = _read_back(partial)
     os.replace(partial, path)
   finally:
     if os.path.lexists(partial):
       os.remove(partial)
-    if not split.release.is_clip and 'bigfile' in split.release.__dict__:
-      split.release.bigfile.drop_pages()
   return {'file': os.path.basename(path), **info, 'example_bytes': example_bytes}
 
 
@@ -239,7 +238,7 @@ def _worker_shard(args: _ReleaseArgs, name: str, num_videos: int, task: _ShardTa
   """`_ensure_shard` in a worker process, which opens the release itself (once)."""
   if _WORKER.get('args') != args:
     _WORKER.clear()
-    _WORKER.update(args=args, release=args.open(), moments={}, serialize=RecordSerializer())
+    _WORKER.update(args=args, release=args.open(), moments={}, serialize=_RecordSerializer())
   release = _WORKER['release']
   split = release.split(name)
   if name not in _WORKER['moments']:
@@ -273,6 +272,19 @@ def _bare_main() -> Iterator[None]:
     sys.modules['__main__'] = main
 
 
+def _die_with_parent(parent: int) -> None:
+  """Worker start-up: ends the worker when the preparing process dies (Linux), so a killed
+  preparation leaves no worker writing into the folder that a re-run then resumes."""
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    import signal  # pylint: disable=g-import-not-at-top
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):  # not Linux: the pool's own checks end it later
+    pass
+  if os.getppid() != parent:  # died before the request took effect
+    os._exit(1)  # pylint: disable=protected-access
+
+
 class _Workers:
   """The worker processes of a preparation: `size` fresh interpreters (spawned: TensorFlow is
   not fork-safe), started when a split first needs them and shared by the splits."""
@@ -285,8 +297,9 @@ class _Workers:
           done: Callable[[_ShardTask, dict[str, Any]], None]) -> None:
     """Runs `_ensure_shard` for `tasks` in the workers; calls `done` as each shard finishes."""
     if self._pool is None:
-      self._pool = futures.ProcessPoolExecutor(self.size,
-                                               mp_context=multiprocessing.get_context('spawn'))
+      self._pool = futures.ProcessPoolExecutor(
+          self.size, mp_context=multiprocessing.get_context('spawn'),
+          initializer=_die_with_parent, initargs=(os.getpid(),))
     with _bare_main():  # the workers start at the first submit
       pending = {self._pool.submit(_worker_shard, self.args, split.name, len(split.video_ids),
                                    task): task for task in tasks}
@@ -309,7 +322,7 @@ def _run_tasks(tasks: Sequence[_ShardTask], workers: _Workers | None,
                done: Callable[[_ShardTask, dict[str, Any]], None]) -> None:
   """Runs `_ensure_shard` for `tasks`, in `workers` or in-process (None, or a single task)."""
   if workers is None or len(tasks) <= 1:
-    serialize = RecordSerializer()
+    serialize = _RecordSerializer()
     for task in tasks:
       done(task, _ensure_shard(split, moments, task, serialize))
   else:
@@ -392,7 +405,7 @@ class PrvrFeatures(tfds_dataset_builder.FileReaderBuilder,
     """Writes every split's shards into `self.data_dir`; `download_config.num_shards` per split
     (default: about `TARGET_SHARD_BYTES` each, at least `MIN_SHARDS`)."""
     release = self._open_release(dl_manager.manual_dir)
-    serialize = RecordSerializer()
+    serialize = _RecordSerializer()
     infos = []
     for name in self.builder_config.splits or release.splits:
       split = release.split(name)
@@ -555,19 +568,22 @@ def _write_split(split_dir: str, name: str, fingerprint: str, num_shards: int,
   progress = {'input_fingerprint': fingerprint, 'num_videos': len(split.video_ids),
               'num_shards': num_shards, 'shards': {}}
   results: dict[int, dict[str, Any]] = {}
-  start, videos = time.monotonic(), 0
+  start, finished, videos = time.monotonic(), 0, 0
 
   def done(task: _ShardTask, record: dict[str, Any]) -> None:
-    nonlocal videos
+    nonlocal finished, videos
     kept = record.pop('kept')
     results[task.index] = record
     progress['shards'] = {str(i): results[i] for i in sorted(results)}
     files.write_json(progress_path, progress)
-    if not kept:
+    finished += 1
+    if kept:
+      what = 'kept (its size and sha256 match)'
+    else:
       videos += task.stop - task.start
-    _log.info('split %s: shard %d/%d %s (%d of %d done, %.1f videos/s)', name, task.index + 1,
-              num_shards, 'kept (verified)' if kept else 'written', len(results), num_shards,
-              videos / max(time.monotonic() - start, 1e-9))
+      what = f'written ({videos / max(time.monotonic() - start, 1e-9):.1f} videos/s)'
+    _log.info('split %s: shard %d of %d %s; %d of %d shards done', name, task.index + 1,
+              num_shards, what, finished, len(tasks))
 
   # Already recorded shards stay recorded while they are verified.
   for task in tasks:
