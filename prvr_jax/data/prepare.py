@@ -272,9 +272,11 @@ def _bare_main() -> Iterator[None]:
     sys.modules['__main__'] = main
 
 
-def _die_with_parent(parent: int) -> None:
-  """Worker start-up: ends the worker when the preparing process dies (Linux), so a killed
-  preparation leaves no worker writing into the folder that a re-run then resumes."""
+def _worker_start(parent: int, args: _ReleaseArgs, splits: Sequence[str]) -> None:
+  """Worker start-up, while the parent gets ready: ends the worker when the preparing process
+  dies (Linux), so a killed preparation leaves no worker writing into the folder that a re-run
+  then resumes; imports TensorFlow (the TFRecord writer) and opens the release and `splits`.
+  A failure here is left to the first shard, which raises it naming the file at fault."""
   try:
     import ctypes  # pylint: disable=g-import-not-at-top
     import signal  # pylint: disable=g-import-not-at-top
@@ -283,24 +285,42 @@ def _die_with_parent(parent: int) -> None:
     pass
   if os.getppid() != parent:  # died before the request took effect
     os._exit(1)  # pylint: disable=protected-access
+  try:
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+    release = args.open()
+    for name in splits:
+      release.split(name)
+    _WORKER.update(args=args, release=release, moments={}, serialize=_RecordSerializer())
+  except Exception:  # pylint: disable=broad-except
+    _WORKER.clear()
 
 
 class _Workers:
   """The worker processes of a preparation: `size` fresh interpreters (spawned: TensorFlow is
   not fork-safe), started when a split first needs them and shared by the splits."""
 
-  def __init__(self, size: int, args: _ReleaseArgs):
-    self.size, self.args = size, args
+  def __init__(self, size: int, args: _ReleaseArgs, splits: Sequence[str]):
+    self.size, self.args, self.splits = size, args, tuple(splits)
     self._pool: futures.ProcessPoolExecutor | None = None
+
+  @property
+  def started(self) -> bool:
+    return self._pool is not None
+
+  def start(self) -> None:
+    """Starts the workers (they get ready in the background)."""
+    if self._pool is None:
+      self._pool = futures.ProcessPoolExecutor(
+          self.size, mp_context=multiprocessing.get_context('spawn'),
+          initializer=_worker_start, initargs=(os.getpid(), self.args, self.splits))
+      with _bare_main():  # the workers start at the first submit
+        self._pool.submit(int)
 
   def run(self, tasks: Sequence[_ShardTask], split: release_lib.ReleaseSplit,
           done: Callable[[_ShardTask, dict[str, Any]], None]) -> None:
     """Runs `_ensure_shard` for `tasks` in the workers; calls `done` as each shard finishes."""
-    if self._pool is None:
-      self._pool = futures.ProcessPoolExecutor(
-          self.size, mp_context=multiprocessing.get_context('spawn'),
-          initializer=_die_with_parent, initargs=(os.getpid(),))
-    with _bare_main():  # the workers start at the first submit
+    self.start()
+    with _bare_main():
       pending = {self._pool.submit(_worker_shard, self.args, split.name, len(split.video_ids),
                                    task): task for task in tasks}
     try:
@@ -669,7 +689,10 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
     files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
 
-    pool = _Workers(workers or default_workers(), release_args)
+    pool = _Workers(workers or default_workers(), release_args, splits)
+    feature_bytes = sum(os.path.getsize(p) for p in release.layout.feature_files())
+    if pool.size > 1 and (workers is not None or feature_bytes >= PARALLEL_MIN_BYTES):
+      pool.start()  # while this process checks and fingerprints the splits
     try:
       for name in splits:
         fingerprint = input_fingerprint(release, name, settings)
@@ -691,8 +714,11 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
             **{k: v for k, v in settings.items() if k not in ('normalize', 'l2_eps')})
         split_dir = os.path.join(out_dir, BUILDER_NAME, config.name, str(PrvrFeatures.VERSION))
         tasks = _resume_tasks(split_dir, name, fingerprint, len(split.video_ids), n)
+        # Once started, the workers also take the small splits: the parent then never holds
+        # TensorFlow (most of a writer's memory) beside them.
         parallel = pool.size > 1 and len(tasks) > 1 and (
-            workers is not None or _estimated_bytes(split, release) >= PARALLEL_MIN_BYTES)
+            workers is not None or pool.started
+            or _estimated_bytes(split, release) >= PARALLEL_MIN_BYTES)
         _log.info('split %s: %d videos, %d captions -> %d shards in %s (%d to write, %s)', name,
                   len(split.video_ids), len(split.caption_ids), n, split_dir,
                   sum(t.recorded is None for t in tasks),
