@@ -550,7 +550,10 @@ def _resume_tasks(split_dir: str, name: str, fingerprint: str, num_videos: int,
   progress = None
   if os.path.isfile(os.path.join(split_dir, PROGRESS_FILE)):
     with open(os.path.join(split_dir, PROGRESS_FILE), encoding='utf-8') as f:
-      progress = json.load(f)
+      try:
+        progress = json.load(f)
+      except json.JSONDecodeError:  # written atomically, so damaged by hand: start over
+        _log.warning('split %s: %s is not valid JSON', name, f.name)
   expected = {'input_fingerprint': fingerprint, 'num_videos': num_videos,
               'num_shards': num_shards}
   if progress is None or {k: progress.get(k) for k in expected} != expected:
