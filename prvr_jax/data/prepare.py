@@ -692,13 +692,16 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
       manifest.update({k: old[k] for k in ('visual_dim', 'query_dim') if k in old})
     files.write_json(manifest_path, manifest)  # marks the folder as ours before writing into it
 
-    pool = _Workers(workers or default_workers(), release_args, splits)
+    fingerprints = {name: input_fingerprint(release, name, settings) for name in splits}
+    pending = [name for name in splits
+               if not _split_done(out_dir, manifest['splits'].get(name), fingerprints[name])]
+    pool = _Workers(workers or default_workers(), release_args, pending)
     feature_bytes = sum(os.path.getsize(p) for p in release.layout.feature_files())
-    if pool.size > 1 and (workers is not None or feature_bytes >= PARALLEL_MIN_BYTES):
-      pool.start()  # while this process checks and fingerprints the splits
+    if pending and pool.size > 1 and (workers is not None or feature_bytes >= PARALLEL_MIN_BYTES):
+      pool.start()  # while this process checks the splits
     try:
       for name in splits:
-        fingerprint = input_fingerprint(release, name, settings)
+        fingerprint = fingerprints[name]
         entry = manifest['splits'].get(name)
         if _split_done(out_dir, entry, fingerprint):
           _log.info('split %s: already prepared in %s', name, out_dir)

@@ -392,3 +392,17 @@ def test_two_workers_write_the_same_files_and_tfds_reads_them(toy, tmp_path):
   assert [e['video_id'].decode() for e in examples] == index.video_ids
   assert [int(e['video_order']) for e in examples] == list(range(len(index.video_ids)))
   assert tfds.builder('prvr_features', data_dir=out).builder_config.name == 'tvr'
+
+
+def test_rerun_of_a_finished_folder_starts_no_workers(toy, tmp_path, monkeypatch):
+  root, out = toy
+  out2 = str(tmp_path / 'shards')
+  shutil.copytree(out, out2)
+
+  def refuse(self):
+    raise AssertionError('workers started for a finished folder')
+
+  monkeypatch.setattr(prepare._Workers, 'start', refuse)
+  prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', num_shards=3,
+                         workers=2)
+  assert _digests(out2) == _PINNED['toy_num_shards_3']
