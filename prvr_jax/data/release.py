@@ -155,6 +155,11 @@ class BigFile:
     """Feature rows of `ids`, in the given order: `[n, D]` float32."""
     return np.asarray(self._data[self.rows(ids)], dtype=np.float32)
 
+  def drop_pages(self) -> None:
+    """Unmaps the rows read so far (the kernel keeps them in its page cache): a reader that
+    goes through the whole file then holds a bounded resident set, not the file."""
+    self._data = self._open()
+
 
 # ----------------------------------------------------------------------------- text files
 

@@ -27,7 +27,8 @@ def _main(argv: list[str]) -> None:
   if not config.data.dir:
     raise flags.ValidationError('set --config.data.dir to the release (collection) folder')
   check.check_before_run(config)
-  path = prepare.prepare_from_config(config, out, flags.FLAGS.num_shards)
+  path = prepare.prepare_from_config(config, out, flags.FLAGS.num_shards,
+                                     flags.FLAGS.workers or None)
   with open(path, encoding='utf-8') as f:
     manifest = json.load(f)
   for name, s in manifest['splits'].items():
@@ -41,6 +42,8 @@ def main() -> None:
   config_flags.DEFINE_config_file('config', None, 'model config file[:dataset]', lock_config=True)
   flags.DEFINE_string('out', None, 'output shard folder', required=True)
   flags.DEFINE_integer('num_shards', 0, 'shards per split; 0 = about 256 MiB each, at least 8')
+  flags.DEFINE_integer('workers', 0, 'processes writing shards; 0 = the usable CPUs (at most '
+                       f'{prepare.MAX_DEFAULT_WORKERS}), in-process for a small split')
   flags.mark_flag_as_required('config')
   logging.basicConfig(level=logging.INFO)
   runtime.run(_main, huge_pages=False)

@@ -259,3 +259,150 @@ def test_two_preparations_of_one_folder_are_not_run_at_once(tmp_path):
                        r'shards \(.*"pid"'):
       prepare.prepare_shards(root, str(out), collection='toy', visual_feature='feat')
   prepare.prepare_shards(root, str(out), collection='toy', visual_feature='feat')  # then it can
+
+
+# ---- streaming writer: pinned bytes, resumption, workers, TFDS metadata
+
+_PINNED = json.loads((support.FIXTURES / 'shard_digests.json').read_text())
+
+
+def _digests(out):
+  """sha256 of every shard and index file of a shard folder, by path relative to it."""
+  found = {}
+  for root, _, names in os.walk(out):
+    for name in names:
+      if '.tfrecord-' in name or (name.startswith('index-') and name.endswith('.json')):
+        path = os.path.join(root, name)
+        found[os.path.relpath(path, out)] = files.sha256_file(path)
+  return found
+
+
+def _release_values_sha256(collection_dir):
+  """A digest of a release's file names and values (HDF5 datasets by their arrays, so that
+  another HDF5 library version writing other container bytes does not count)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import h5py  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+  for root, _, names in sorted(os.walk(collection_dir)):
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      digest.update(os.path.relpath(path, collection_dir).encode())
+      if name.endswith('.hdf5'):
+        with h5py.File(path, 'r') as f:
+          for key in sorted(f):
+            digest.update(key.encode())
+            digest.update(np.asarray(f[key]).tobytes())
+      else:
+        with open(path, 'rb') as f:
+          digest.update(f.read())
+  return digest.hexdigest()
+
+
+def test_shard_bounds_are_tfds_boundaries():
+  from tensorflow_datasets.core.utils import shard_utils  # pylint: disable=g-import-not-at-top
+  for n in (1, 2, 7, 12, 24, 100, 17435):
+    for num_shards in {1, 2, 3, 5, 8, min(n, 69)} & set(range(1, n + 1)):
+      bounds = prepare.shard_bounds(n, num_shards)
+      assert bounds[0] == 0
+      assert bounds[1:] == list(shard_utils.get_shard_boundaries(n, num_shards))
+  with pytest.raises(ValueError, match='12 videos into 13 shards'):
+    prepare.shard_bounds(12, 13)
+
+
+def test_shards_match_pinned_digests(toy, tmp_path):
+  """The shards are byte for byte those TFDS's writer made (tests/fixtures/shard_digests.json)."""
+  _, out = toy
+  assert _digests(out) == _PINNED['toy_num_shards_3']
+  pinned = _PINNED['synthetic_tiny_seed0']
+  root = str(tmp_path / 'release')
+  collection_dir = synthetic.write_mssl(synthetic.generate(synthetic.SIZES['tiny'], seed=0), root)
+  if _release_values_sha256(collection_dir) != pinned['release_values_sha256']:
+    pytest.skip('the synthetic generator gives other float bits on this CPU kind (its matrix '
+                'products), so its shards cannot match the pinned digests; the toy release did')
+  out2 = str(tmp_path / 'shards')
+  spec = synthetic.SIZES['tiny']
+  prepare.prepare_shards(root, out2, collection=synthetic.COLLECTION,
+                         visual_feature=synthetic.VISUAL_FEATURE, splits=('train', 'val', 'test'),
+                         visual_dim=spec.visual_dim, query_dim=spec.query_dim)
+  assert _digests(out2) == pinned['files']
+
+
+def test_interrupted_split_resumes_with_only_the_missing_shards(toy, tmp_path, monkeypatch):
+  """A killed run keeps its finished shards; the re-run verifies them, removes what it left
+  unfinished, writes only what is missing or does not match, and gives the same bytes."""
+  root, _ = toy
+  out = str(tmp_path / 'shards')
+  train_dir = os.path.join(out, 'prvr_features', 'toy-feat-train', '1.0.0')
+  write_shard = prepare._write_shard
+  written = []
+
+  def killed_at_third_shard(split, moments, video_ids, path, serialize):
+    if len(written) == 2:
+      raise KeyboardInterrupt('killed')
+    written.append(os.path.basename(path))
+    return write_shard(split, moments, video_ids, path, serialize)
+
+  monkeypatch.setattr(prepare, '_write_shard', killed_at_third_shard)
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', num_shards=3,
+                           workers=1)
+  with open(os.path.join(train_dir, prepare.PROGRESS_FILE)) as f:
+    progress = json.load(f)
+  names = [f'prvr_features-train.tfrecord-0000{i}-of-00003' for i in range(3)]
+  assert [s['file'] for s in progress['shards'].values()] == names[:2]
+  # What a SIGKILL leaves besides: a half-written shard, and a finished one damaged later.
+  with open(os.path.join(train_dir, names[2] + prepare.PARTIAL_SUFFIX), 'wb') as f:
+    f.write(b'half a record')
+  with open(os.path.join(train_dir, names[1]), 'r+b') as f:
+    f.truncate(100)
+  kept_mtime = os.stat(os.path.join(train_dir, names[0])).st_mtime_ns
+
+  written.clear()
+  monkeypatch.setattr(prepare, '_write_shard', lambda *a: (written.append(
+      os.path.basename(a[3])), write_shard(*a))[1])
+  prepare.prepare_shards(root, out, collection='toy', visual_feature='feat', num_shards=3,
+                         workers=1)
+  assert written == names[1:] + [f'prvr_features-test.tfrecord-0000{i}-of-00003'
+                                 for i in range(3)]
+  assert os.stat(os.path.join(train_dir, names[0])).st_mtime_ns == kept_mtime
+  assert _digests(out) == _PINNED['toy_num_shards_3']  # no partial file, no progress file left
+  assert not os.path.exists(os.path.join(train_dir, prepare.PROGRESS_FILE))
+  pipeline.open_shards(out)
+
+
+def test_two_workers_write_the_same_files_and_tfds_reads_them(toy, tmp_path):
+  root, out = toy
+  out2 = str(tmp_path / 'shards')
+  prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', num_shards=3,
+                         splits=('train',), workers=2)
+  pinned = {k: v for k, v in _PINNED['toy_num_shards_3'].items() if 'train' in k}
+  assert _digests(out2) == pinned
+  with pytest.raises(ValueError, match='--workers=0'):
+    prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', workers=0)
+
+  split_dir = os.path.join(out, 'prvr_features', 'toy-feat-test', '1.0.0')
+  builder = tfds.builder_from_directory(split_dir)
+  manifest = json.loads(open(os.path.join(out, shard_format.MANIFEST)).read())
+  shards = manifest['splits']['test']['shards']
+  assert builder.info.splits['test'].shard_lengths == [s['num_videos'] for s in shards]
+  assert builder.info.splits['test'].num_bytes == sum(s['bytes'] - 16 * s['num_videos']
+                                                      for s in shards)
+  examples = list(tfds.as_numpy(builder.as_dataset(split='test')))
+  index = pipeline.eval_index(pipeline.open_shards(out), 'test')
+  assert [e['video_id'].decode() for e in examples] == index.video_ids
+  assert [int(e['video_order']) for e in examples] == list(range(len(index.video_ids)))
+  assert tfds.builder('prvr_features', data_dir=out).builder_config.name == 'tvr'
+
+
+def test_rerun_of_a_finished_folder_starts_no_workers(toy, tmp_path, monkeypatch):
+  root, out = toy
+  out2 = str(tmp_path / 'shards')
+  shutil.copytree(out, out2)
+
+  def refuse(self):
+    raise AssertionError('workers started for a finished folder')
+
+  monkeypatch.setattr(prepare._Workers, 'start', refuse)
+  prepare.prepare_shards(root, out2, collection='toy', visual_feature='feat', num_shards=3,
+                         workers=2)
+  assert _digests(out2) == _PINNED['toy_num_shards_3']
