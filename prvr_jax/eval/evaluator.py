@@ -282,13 +282,19 @@ class Evaluator:
         bar.update()
       yield result
 
-  def encode_gallery(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]],
+  def encode_gallery(self, params: Any,
+                     video_batches: (Iterable[Mapping[str, np.ndarray]]
+                                     | Callable[[], Iterable[Mapping[str, np.ndarray]]]),
                      phases: Phases | None = None) -> Gallery:
     """Encodes every video batch (global view on every host) into one sharded gallery
-    (phase `encode_videos` of `phases`)."""
+    (phase `encode_videos` of `phases`). `video_batches`: the batches, or a function that
+    opens them (e.g. `EvalSplit.video_batches`: opening the split's shards, checksums
+    included, is then timed with the phase)."""
     phases = phases if phases is not None else Phases(self.progress)
     chunks, keys = [], []
-    with phases('encode_videos', len_or_none(video_batches)) as bar:
+    with phases('encode_videos') as bar:
+      video_batches = video_batches() if callable(video_batches) else video_batches
+      bar.reset(total=len_or_none(video_batches))
       for encodings, chunk_keys in self.encode_batches(params, video_batches, bar):
         chunks.append(encodings)
         keys.append(chunk_keys)
@@ -316,9 +322,10 @@ class Evaluator:
                              value=-1)
       return self._encode_queries(params, inputs), rows, gt
 
-    batches = data.query_batches()
     encoded = []
-    with phases('encode_queries', len_or_none(batches)) as bar:
+    with phases('encode_queries') as bar:
+      batches = data.query_batches()  # opens the shards: in the phase
+      bar.reset(total=len_or_none(batches))
       for result in pipelined(batches, dispatch, self.in_flight,
                               wait=lambda result: jax.block_until_ready(result[0])):
         encoded.append(result)
@@ -332,7 +339,7 @@ class Evaluator:
     hold the seconds of each phase (and of those `phases` timed before)."""
     phases = phases if phases is not None else Phases(self.progress)
     if gallery is None:
-      gallery = self.encode_gallery(params, self.video_batches(data), phases)
+      gallery = self.encode_gallery(params, lambda: self.video_batches(data), phases)
     num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
     columns = gallery.keys >= 0
     video_keys = gallery.keys[columns]

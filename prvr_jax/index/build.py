@@ -43,8 +43,9 @@ def build_index(config: ml_collections.ConfigDict, params: Any, data: EvalSplit,
   if jax.process_index() == 0:
     writer = IndexWriter(out_dir, config.model, params, dtype=dtype, shard_videos=shard_videos,
                          overwrite=overwrite, info=info)
-  batches = evaluator.video_batches(data)
-  with phases('encode_videos', len_or_none(batches)) as bar:
+  with phases('encode_videos') as bar:
+    batches = evaluator.video_batches(data)  # opens the shards: in the phase
+    bar.reset(total=len_or_none(batches))
     for encodings, keys in evaluator.encode_batches(params, batches, bar):
       host = parallel.to_host(encodings)
       del encodings
