@@ -65,7 +65,8 @@ _R = TypeVar('_R')
 class EvalResult:
   """metrics: flat dict (see `metrics.summarize`); scores: `[Nq, Nv]` float32 by keys;
   ranks: `[Nq]` text-to-video rank of each query; timings: seconds of each phase that ran
-  (`PHASES`; no `encode_videos` for a gallery given to `evaluate`)."""
+  (`PHASES`; no `encode_videos` for a gallery given to `evaluate`) and `total`, the whole
+  `evaluate` call."""
   metrics: dict[str, float]
   scores: np.ndarray
   ranks: np.ndarray
@@ -337,6 +338,7 @@ class Evaluator:
     """Encodes the gallery (or takes `gallery`, e.g. from an index, keyed like the split's
     videos), ranks every query, computes the metrics of one split; the result's `timings`
     hold the seconds of each phase (and of those `phases` timed before)."""
+    start = time.perf_counter()
     phases = phases if phases is not None else Phases(self.progress)
     if gallery is None:
       gallery = self.encode_gallery(params, lambda: self.video_batches(data), phases)
@@ -379,16 +381,21 @@ class Evaluator:
     if missing.size:
       raise ValueError(f'{missing.size} of {num_queries} queries were never scored (first: '
                        f'{short([data.caption_ids[i] for i in missing[:3]])}).')
-    with phases('rank'):
+    with phases('rank', total=1, unit='step') as bar:
       v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
-    with phases('metrics'):
+      bar.update()
+    with phases('metrics', total=1, unit='step') as bar:
       metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio,
                                       self.mv_groups)
       if self.dual_softmax:
         reranked = metrics_lib.dual_softmax(scores)
         metrics.update({f'dsl_{k}': v for k, v in metrics_lib.retrieval_metrics(
             reranked, ground_truth).items() if not k.startswith('num_')})
-    return EvalResult(metrics, scores, ranks, dict(phases.timings))
+      bar.update()
+    timings = dict(phases.timings)
+    timings['total'] = time.perf_counter() - start
+    logging.info('Evaluation: %.2f s in all.', timings['total'])
+    return EvalResult(metrics, scores, ranks, timings)
 
 
 class _Sized:

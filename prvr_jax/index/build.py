@@ -131,5 +131,6 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
     gallery = evaluation_gallery(index, evaluator, data)
   result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data, gallery=gallery,
                               phases=phases)
+  result.timings['total'] += result.timings['load_gallery']
   outputs.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
   return result

@@ -124,8 +124,9 @@ def test_timings_reach_the_result_and_metrics_json_and_results_do_not_change(set
   np.testing.assert_array_equal(result.scores, expected.scores)
   np.testing.assert_array_equal(result.ranks, expected.ranks)
   assert result.metrics == expected.metrics
-  assert set(result.timings) == set(evaluator_lib.PHASES)
+  assert set(result.timings) == {*evaluator_lib.PHASES, 'total'}
   assert all(isinstance(t, float) and t >= 0 for t in result.timings.values())
+  assert sum(result.timings[k] for k in evaluator_lib.PHASES) <= result.timings['total']
   write_outputs(str(tmp_path), result, {'split': 'test'})
   written = json.loads((tmp_path / 'metrics.json').read_text())
   assert written['timings'] == pytest.approx(result.timings)
