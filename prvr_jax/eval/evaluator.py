@@ -51,8 +51,17 @@ from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec
 
 
-# Batches dispatched to the devices and not yet done, per phase (see `pipelined`).
+# Batches dispatched to the devices and not yet done, per phase (see `pipelined`): two on
+# accelerators (one runs while the host transfers the next), one on CPUs (the host is the
+# device: a second batch would only add its inputs to memory).
 IN_FLIGHT = 2
+IN_FLIGHT_CPU = 1
+
+
+def default_in_flight(mesh: Mesh) -> int:
+  """`IN_FLIGHT_CPU` on a mesh of CPU devices, else `IN_FLIGHT`."""
+  cpu = all(d.platform == 'cpu' for d in mesh.devices.flat)
+  return IN_FLIGHT_CPU if cpu else IN_FLIGHT
 # The phases of an evaluation, the keys of `EvalResult.timings` (`load_gallery` instead of
 # `encode_videos` for an evaluation from an index).
 PHASES = ('encode_videos', 'encode_queries', 'score', 'rank', 'metrics')
@@ -183,15 +192,15 @@ class Evaluator:
   on GPUs); SumR is also reported per moment-to-video group of `mv_groups`. Models that sample
   at evaluation draw from `score_seed`. `dual_softmax=True` adds the metrics of the DSL
   re-ranked matrix as `dsl_*` (transductive: reported apart, never the headline numbers).
-  `progress`: progress bars on stderr (process 0); `in_flight`: batches dispatched ahead in
-  each phase (`pipelined`).
+  `progress`: progress bars on stderr (process 0); `in_flight`: batches dispatched and not
+  yet done in each phase (`pipelined`; default `default_in_flight`).
   """
 
   def __init__(self, config_model: Any, mesh: Mesh, video_batch_size: int,
                query_batch_size: int, matmul_precision: str = 'float32',
                mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS,
                score_seed: int = 0, dual_softmax: bool = False, progress: bool = True,
-               in_flight: int = IN_FLIGHT):
+               in_flight: int | None = None):
     self.spec = registry.get_spec(config_model)
     self.video_inputs, self.query_inputs = self.spec.inputs(config_model)
     self.official_chunks = self.spec.encoding_depends_on_batch(config_model)
@@ -199,7 +208,7 @@ class Evaluator:
     self.mesh = mesh
     self.dual_softmax = dual_softmax
     self.progress = progress
-    self.in_flight = in_flight
+    self.in_flight = in_flight if in_flight is not None else default_in_flight(mesh)
     self.mv_groups = tuple(tuple(g) for g in mv_groups)
     self.video_batch_size = video_batch_size
     self.video_rows = parallel.round_up(video_batch_size, mesh.size)

@@ -97,6 +97,11 @@ def test_pipelined_waits_for_batch_i_minus_in_flight_before_dispatching_batch_i(
     list(evaluator_lib.pipelined([1], dispatch, 0))
 
 
+def test_one_batch_in_flight_on_cpus():
+  cpus = Mesh(np.array(jax.devices('cpu')), ('data',))
+  assert evaluator_lib.default_in_flight(cpus) == evaluator_lib.IN_FLIGHT_CPU == 1
+
+
 @pytest.mark.parametrize('in_flight', [1, 2])
 def test_gallery_encoding_takes_at_most_in_flight_batches_ahead(setup, in_flight):
   config, params, *_ = setup
@@ -119,7 +124,9 @@ def test_timings_reach_the_result_and_metrics_json_and_results_do_not_change(set
   one = Evaluator.from_config(config, mesh, progress=False)
   one.in_flight = 1
   expected = one.evaluate(params, split)
-  result = Evaluator.from_config(config, mesh).evaluate(params, split)
+  two = Evaluator.from_config(config, mesh)
+  two.in_flight = 2
+  result = two.evaluate(params, split)
   # Batches in flight change when the host waits, not what is computed.
   np.testing.assert_array_equal(result.scores, expected.scores)
   np.testing.assert_array_equal(result.ranks, expected.ranks)
