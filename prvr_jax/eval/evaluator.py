@@ -244,6 +244,17 @@ class Evaluator:
     self._concat = jax.jit(lambda chunks: jax.tree.map(lambda *xs: jnp.concatenate(xs), *chunks),
                            out_shardings=sharded)
 
+    def place(gallery, chunk, i):  # per device: its rows of batch i at its block i
+      return jax.tree.map(lambda g, c: jax.lax.dynamic_update_slice_in_dim(
+          g, c, i * c.shape[0], 0), gallery, chunk)
+
+    data = P(parallel.DATA_AXIS)
+    # The gallery is filled in place (donated): no second copy of it at the end.
+    self._place = jax.jit(jax.shard_map(place, mesh=mesh, in_specs=(data, data, P()),
+                                        out_specs=data), donate_argnums=0)
+    self._zeros = jax.jit(lambda spec: [jnp.zeros(shape, dtype) for shape, dtype in spec],
+                          static_argnums=0, out_shardings=sharded)
+
   @classmethod
   def from_config(cls, config: Any, mesh: Mesh, progress: bool = True) -> 'Evaluator':
     """The evaluator of `config.model` and `config.eval` (batch sizes, precision, M/V groups)."""
@@ -301,19 +312,44 @@ class Evaluator:
     opens them (e.g. `EvalSplit.video_batches`: opening the split's shards, checksums
     included, is then timed with the phase)."""
     phases = phases if phases is not None else Phases(self.progress)
-    chunks, keys = [], []
+    chunks, keys, gallery = [], [], None
     with phases('encode_videos') as bar:
       video_batches = video_batches() if callable(video_batches) else video_batches
-      bar.reset(total=len_or_none(video_batches))
-      for encodings, chunk_keys in self.encode_batches(params, video_batches, bar):
-        chunks.append(encodings)
+      count = len_or_none(video_batches)
+      bar.reset(total=count)
+      for i, (encodings, chunk_keys) in enumerate(self.encode_batches(params, video_batches,
+                                                                      bar)):
         keys.append(chunk_keys)
-      if not chunks:
+        if count is None:  # an unknown number of batches: concatenated at the end
+          chunks.append(encodings)
+          continue
+        if i >= count:
+          raise ValueError(f'The evaluation split announced {count} video batches and gave '
+                           'more.')
+        if gallery is None:
+          gallery = self._zero_gallery(encodings, count)
+        gallery = self._place(gallery, encodings, np.int32(i))
+      if not keys:
         raise ValueError('The evaluation split has no videos.')
-      keys = np.concatenate(keys)
-      encodings = jax.block_until_ready(self._concat(chunks))
-      del chunks
+      if count is None:
+        encodings = self._concat(chunks)
+        del chunks
+        keys = np.concatenate(keys)
+      else:
+        # Batches announced but not given keep zero rows, as padding rows (key -1).
+        rows = keys[0].shape[0]
+        keys += [np.full((rows,), -1, np.int64)] * (count - len(keys))
+        encodings = gallery
+        keys = _device_major(np.concatenate(keys), rows, self.mesh.size)
+      encodings = jax.block_until_ready(encodings)
     return Gallery(encodings, keys, parallel.shard_global_view(keys, self.mesh, len(keys)))
+
+  def _zero_gallery(self, encodings: Any, count: int) -> Any:
+    """Zeros for `count` batches shaped like `encodings`, sharded on `data`."""
+    leaves, treedef = jax.tree.flatten(encodings)
+    spec = tuple(((count * x.shape[0],) + tuple(x.shape[1:]), np.dtype(x.dtype).name)
+                 for x in leaves)
+    return jax.tree.unflatten(treedef, self._zeros(spec))
 
   def video_batches(self, data: EvalSplit) -> Iterable[Mapping[str, np.ndarray]]:
     """The split's video batches with what this model reads (`video_seed` where needed)."""
@@ -405,6 +441,12 @@ class Evaluator:
     timings['total'] = time.perf_counter() - start
     logging.info('Evaluation: %.2f s in all.', timings['total'])
     return EvalResult(metrics, scores, ranks, timings)
+
+
+def _device_major(keys: np.ndarray, rows: int, devices: int) -> np.ndarray:
+  """The keys of batches of `rows` (in batch order) in the order `Evaluator._place` stores
+  their rows: each device's rows of every batch in turn, device after device."""
+  return keys.reshape(-1, devices, rows // devices).transpose(1, 0, 2).reshape(-1)
 
 
 class _Sized:

@@ -155,3 +155,26 @@ def test_index_build_encodes_through_the_evaluator(setup, tmp_path, monkeypatch)
   index = build_index(config, params, _split(setup), str(tmp_path / 'index'), phases=phases)
   assert len(calls) == 1 and len(index) == NUM_VIDEOS
   assert set(phases.timings) == {'encode_videos'}
+
+
+def test_gallery_filled_in_place_equals_the_concatenated_one(setup):
+  """A split of known length fills a preallocated gallery (each device its rows of every
+  batch); the rows, found by key, are those of the concatenation of the batches."""
+  config, params, *_ = setup
+  evaluator = Evaluator.from_config(config, Mesh(np.array(jax.devices()), ('data',)),
+                                    progress=False)
+  batches = list(_split(setup).video_batches())
+  in_place = evaluator.encode_gallery(params, batches)
+  concatenated = evaluator.encode_gallery(params, (b for b in batches))
+  # One more batch announced than given: its rows stay padding.
+  announced = evaluator.encode_gallery(params, evaluator_lib._Sized(batches, len(batches) + 1))
+  expected = jax.device_get(concatenated.encodings)
+  order = np.argsort(concatenated.keys)[concatenated.keys[np.argsort(concatenated.keys)] >= 0]
+  for gallery in (in_place, announced):
+    rows = np.argsort(gallery.keys)[gallery.keys[np.argsort(gallery.keys)] >= 0]
+    np.testing.assert_array_equal(gallery.keys[rows], concatenated.keys[order])
+    for name, leaf in jax.device_get(gallery.encodings).items():
+      np.testing.assert_array_equal(leaf[rows], expected[name][order], err_msg=name)
+  assert (announced.keys == -1).sum() == (concatenated.keys == -1).sum() + VIDEO_CHUNK
+  with pytest.raises(ValueError, match='announced 2 video batches and gave more'):
+    evaluator.encode_gallery(params, evaluator_lib._Sized(batches, 2))
