@@ -342,6 +342,8 @@ class Evaluator:
         encodings = gallery
         keys = _device_major(np.concatenate(keys), rows, self.mesh.size)
       encodings = jax.block_until_ready(encodings)
+      # Closing the split's reader (its threads) is part of the phase.
+      del video_batches
     return Gallery(encodings, keys, parallel.shard_global_view(keys, self.mesh, len(keys)))
 
   def _zero_gallery(self, encodings: Any, count: int) -> Any:
@@ -376,6 +378,7 @@ class Evaluator:
                               wait=lambda result: jax.block_until_ready(result[0])):
         encoded.append(result)
         bar.update()
+      del batches  # closing the split's reader is part of the phase
     return encoded
 
   def evaluate(self, params: Any, data: EvalSplit, gallery: Gallery | None = None,
