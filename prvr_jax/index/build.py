@@ -84,8 +84,8 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
         'Build the index from this split.')
   keys = np.array([keys_of[v] for v in index.ids], np.int64)
   rows = parallel.round_up(len(keys), evaluator.mesh.size)
-  encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'), evaluator.mesh,
-                                         rows)
+  encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'),
+                                         evaluator.mesh, rows)
   padded = parallel.pad_rows(keys, rows, value=-1)
   return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))
 
