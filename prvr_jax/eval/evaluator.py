@@ -10,6 +10,13 @@
   query's ground-truth key; ties are broken by video key. Ranks therefore do not depend on
   the chunk sizes, the device count or the order of the gallery.
 
+* Bounded work in flight: every phase dispatches a batch only once the batch `in_flight`
+  places before it is done (`pipelined`), so the host holds the inputs of a few batches, not of
+  the whole split, and the host's work on one batch overlaps the device's on the next.
+* Phases, each with a progress bar on stderr (process 0) and its seconds in
+  `EvalResult.timings`: encode videos, encode queries, score (each query batch against the
+  gallery, with its text-to-video ranks), rank (video-to-text ranks), metrics.
+
 Protocol (the official validation code): R@1/5/10/100 and SumR from the ranks; video-to-text
 ranks and the `[queries, videos]` score matrix (rows by query key, columns by video key)
 come from the matrix gathered on the hosts. Models whose video encodings depend on their
@@ -17,15 +24,22 @@ batch (`ModelSpec.encoding_depends_on_batch`, GMMFormer's frame windows) are onl
 on the official chunks: consecutive videos in first-appearance order.
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import collections
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import contextlib
 import dataclasses
 import functools
-from typing import Any
+import operator
+import sys
+import time
+from typing import Any, TypeVar
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
+import tqdm
 
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
@@ -37,13 +51,87 @@ from prvr_jax.models import registry
 from prvr_jax.models.spec import ModelSpec
 
 
+# Batches dispatched to the devices and not yet done, per phase (see `pipelined`): two on
+# accelerators (one runs while the host transfers the next), one on CPUs (the host is the
+# device: a second batch would only add its inputs to memory).
+IN_FLIGHT = 2
+IN_FLIGHT_CPU = 1
+
+
+def default_in_flight(mesh: Mesh) -> int:
+  """`IN_FLIGHT_CPU` on a mesh of CPU devices, else `IN_FLIGHT`."""
+  cpu = all(d.platform == 'cpu' for d in mesh.devices.flat)
+  return IN_FLIGHT_CPU if cpu else IN_FLIGHT
+# The phases of an evaluation, the keys of `EvalResult.timings` (`load_gallery` instead of
+# `encode_videos` for an evaluation from an index).
+PHASES = ('encode_videos', 'encode_queries', 'score', 'rank', 'metrics')
+
+_T = TypeVar('_T')
+_R = TypeVar('_R')
+
+
 @dataclasses.dataclass
 class EvalResult:
   """metrics: flat dict (see `metrics.summarize`); scores: `[Nq, Nv]` float32 by keys;
-  ranks: `[Nq]` text-to-video rank of each query."""
+  ranks: `[Nq]` text-to-video rank of each query; timings: seconds of each phase that ran
+  (`PHASES`; no `encode_videos` for a gallery given to `evaluate`) and `total`, the whole
+  `evaluate` call."""
   metrics: dict[str, float]
   scores: np.ndarray
   ranks: np.ndarray
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def pipelined(items: Iterable[_T], dispatch: Callable[[_T], _R], in_flight: int = IN_FLIGHT,
+              wait: Callable[[_R], Any] = jax.block_until_ready) -> Iterator[_R]:
+  """`dispatch(item)` of every item, in order, with at most `in_flight` of them dispatched and
+  not yet handed on.
+
+  JAX dispatches asynchronously: a loop that dispatches every batch before using any result
+  holds every batch's inputs at once. Here item i is taken from `items` and dispatched only
+  after the result of item i - `in_flight` was waited for (`wait`) and handed on, so memory
+  stays bounded whatever the number of items, while the device works on one batch as the host
+  prepares the next.
+  """
+  if in_flight < 1:
+    raise ValueError(f'in_flight={in_flight}: at least one batch must be in flight.')
+  pending: collections.deque[_R] = collections.deque()
+  for item in items:
+    pending.append(dispatch(item))
+    if len(pending) >= in_flight:
+      result = pending.popleft()
+      wait(result)
+      yield result
+  while pending:
+    result = pending.popleft()
+    wait(result)
+    yield result
+
+
+class Phases:
+  """Times the phases of one evaluation: `with phases('score', total=n) as bar:` shows a
+  progress bar (stderr, process 0, when `show`), logs the phase's seconds and records them in
+  `timings`."""
+
+  def __init__(self, show: bool = True):
+    self.show = show and jax.process_index() == 0
+    self.timings: dict[str, float] = {}
+
+  @contextlib.contextmanager
+  def __call__(self, name: str, total: int | None = None, unit: str = 'batch'
+               ) -> Iterator[tqdm.tqdm]:
+    start = time.perf_counter()
+    with tqdm.tqdm(total=total, desc=name.replace('_', ' '), unit=unit, file=sys.stderr,
+                   disable=not self.show, dynamic_ncols=True) as bar:
+      yield bar
+    self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+    logging.info('Evaluation phase %s: %.2f s.', name, self.timings[name])
+
+
+def len_or_none(items: Iterable[Any]) -> int | None:
+  """The number of items of a sized iterable (a split's batch iterators are), else None."""
+  length = operator.length_hint(items, -1)
+  return length if length >= 0 else None
 
 
 @dataclasses.dataclass
@@ -104,18 +192,23 @@ class Evaluator:
   on GPUs); SumR is also reported per moment-to-video group of `mv_groups`. Models that sample
   at evaluation draw from `score_seed`. `dual_softmax=True` adds the metrics of the DSL
   re-ranked matrix as `dsl_*` (transductive: reported apart, never the headline numbers).
+  `progress`: progress bars on stderr (process 0); `in_flight`: batches dispatched and not
+  yet done in each phase (`pipelined`; default `default_in_flight`).
   """
 
   def __init__(self, config_model: Any, mesh: Mesh, video_batch_size: int,
                query_batch_size: int, matmul_precision: str = 'float32',
                mv_groups: Sequence[tuple[float, float]] = metrics_lib.DEFAULT_MV_GROUPS,
-               score_seed: int = 0, dual_softmax: bool = False):
+               score_seed: int = 0, dual_softmax: bool = False, progress: bool = True,
+               in_flight: int | None = None):
     self.spec = registry.get_spec(config_model)
     self.video_inputs, self.query_inputs = self.spec.inputs(config_model)
     self.official_chunks = self.spec.encoding_depends_on_batch(config_model)
     module = self.spec.build(config_model)
     self.mesh = mesh
     self.dual_softmax = dual_softmax
+    self.progress = progress
+    self.in_flight = in_flight if in_flight is not None else default_in_flight(mesh)
     self.mv_groups = tuple(tuple(g) for g in mv_groups)
     self.video_batch_size = video_batch_size
     self.video_rows = parallel.round_up(video_batch_size, mesh.size)
@@ -130,27 +223,45 @@ class Evaluator:
       with precision.matmul_precision(matmul_precision):
         return module.apply({'params': params}, videos, method='encode_videos')
 
-    @functools.partial(jax.jit, out_shardings=(columns, replicated, replicated, replicated))
-    def rank_queries(params, queries, gallery, gallery_keys, gt_keys):
+    # Query encodings are replicated: scoring them against the gallery's shards needs no
+    # communication.
+    @functools.partial(jax.jit, out_shardings=replicated)
+    def encode_queries(params, queries):
       with precision.matmul_precision(matmul_precision):
-        encoded = module.apply({'params': params}, queries, method='encode_queries')
+        return module.apply({'params': params}, queries, method='encode_queries')
+
+    @functools.partial(jax.jit, out_shardings=(columns, replicated, replicated, replicated))
+    def rank_queries(params, encoded, gallery, gallery_keys, gt_keys):
+      with precision.matmul_precision(matmul_precision):
         scores = module.apply({'params': params}, encoded, gallery, method='score',
                               rngs=score_rngs)
       scores = jax.lax.with_sharding_constraint(scores.astype(jnp.float32), columns)
       return (scores, *text_to_video_ranks(scores, gallery_keys, gt_keys))
 
     self._encode_videos = encode_videos
+    self._encode_queries = encode_queries
     self._rank_queries = rank_queries
     self._concat = jax.jit(lambda chunks: jax.tree.map(lambda *xs: jnp.concatenate(xs), *chunks),
                            out_shardings=sharded)
 
+    def place(gallery, chunk, i):  # per device: its rows of batch i at its block i
+      return jax.tree.map(lambda g, c: jax.lax.dynamic_update_slice_in_dim(
+          g, c, i * c.shape[0], 0), gallery, chunk)
+
+    data = P(parallel.DATA_AXIS)
+    # The gallery is filled in place (donated): no second copy of it at the end.
+    self._place = jax.jit(jax.shard_map(place, mesh=mesh, in_specs=(data, data, P()),
+                                        out_specs=data), donate_argnums=0)
+    self._zeros = jax.jit(lambda spec: [jnp.zeros(shape, dtype) for shape, dtype in spec],
+                          static_argnums=0, out_shardings=sharded)
+
   @classmethod
-  def from_config(cls, config: Any, mesh: Mesh) -> 'Evaluator':
+  def from_config(cls, config: Any, mesh: Mesh, progress: bool = True) -> 'Evaluator':
     """The evaluator of `config.model` and `config.eval` (batch sizes, precision, M/V groups)."""
     return cls(config.model, mesh, config.eval.video_batch_size, config.eval.query_batch_size,
                config.eval.matmul_precision, config.eval.mv_groups,
                score_seed=config.eval.get('score_seed', 0),
-               dual_softmax=config.eval.get('dual_softmax', False))
+               dual_softmax=config.eval.get('dual_softmax', False), progress=progress)
 
   def _device_rows(self, batch: Mapping[str, np.ndarray], inputs: Sequence[str], key: str,
                    rows: int) -> tuple[dict[str, jax.Array], np.ndarray]:
@@ -163,49 +274,122 @@ class Evaluator:
     inputs = parallel.shard_global_view({k: batch[k] for k in inputs}, self.mesh, rows)
     return inputs, parallel.pad_rows(keys, rows, value=-1)
 
-  def encode_batches(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
-                     ) -> Iterator[tuple[Any, np.ndarray]]:
-    """(encodings sharded on `data`, `[rows]` video keys with -1 for padding) of every video
-    batch (global view on every host)."""
-    for i, batch in enumerate(video_batches):
-      inputs, chunk_keys = self._device_rows(batch, self.video_inputs, VIDEO_KEY,
-                                             self.video_rows)
-      if self.official_chunks:
-        real = chunk_keys[chunk_keys >= 0]
-        start = i * self.video_batch_size
-        if not np.array_equal(real, np.arange(start, start + real.size)):
-          raise ValueError(
-              f'Evaluation video batch {i} holds videos {real[:5].tolist()}..; '
-              f'{self.spec.name} with this config encodes a video differently in another '
-              f'batch, so it is evaluated on the official chunks: consecutive chunks of '
-              f'{self.video_batch_size} videos in first-appearance order.')
-      yield self._encode_videos(params, inputs), chunk_keys
+  def _dispatch_videos(self, params: Any, i: int, batch: Mapping[str, np.ndarray]
+                       ) -> tuple[Any, np.ndarray]:
+    """Checks video batch `i` (the official chunks where needed) and dispatches its encoding."""
+    inputs, chunk_keys = self._device_rows(batch, self.video_inputs, VIDEO_KEY,
+                                           self.video_rows)
+    if self.official_chunks:
+      real = chunk_keys[chunk_keys >= 0]
+      start = i * self.video_batch_size
+      if not np.array_equal(real, np.arange(start, start + real.size)):
+        raise ValueError(
+            f'Evaluation video batch {i} holds videos {real[:5].tolist()}..; '
+            f'{self.spec.name} with this config encodes a video differently in another '
+            f'batch, so it is evaluated on the official chunks: consecutive chunks of '
+            f'{self.video_batch_size} videos in first-appearance order.')
+    return self._encode_videos(params, inputs), chunk_keys
 
-  def encode_gallery(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]]
-                     ) -> Gallery:
-    """Encodes every video batch (global view on every host) into one sharded gallery."""
-    chunks, keys = [], []
-    for encodings, chunk_keys in self.encode_batches(params, video_batches):
-      chunks.append(encodings)
-      keys.append(chunk_keys)
-    if not chunks:
-      raise ValueError('The evaluation split has no videos.')
-    keys = np.concatenate(keys)
-    return Gallery(self._concat(chunks), keys,
-                   parallel.shard_global_view(keys, self.mesh, len(keys)))
+  def encode_batches(self, params: Any, video_batches: Iterable[Mapping[str, np.ndarray]],
+                     bar: tqdm.tqdm | None = None) -> Iterator[tuple[Any, np.ndarray]]:
+    """(encodings sharded on `data`, `[rows]` video keys with -1 for padding) of every video
+    batch (global view on every host), each computed when it is yielded; at most `in_flight`
+    batches are dispatched ahead (`pipelined`). The one gallery encoder of the evaluation and
+    of the index (`prvr_jax.index.build_index`). `bar`: advanced by one per batch."""
+    for result in pipelined(enumerate(video_batches),
+                            lambda item: self._dispatch_videos(params, *item), self.in_flight,
+                            wait=lambda result: jax.block_until_ready(result[0])):
+      if bar is not None:
+        bar.update()
+      yield result
+
+  def encode_gallery(self, params: Any,
+                     video_batches: (Iterable[Mapping[str, np.ndarray]]
+                                     | Callable[[], Iterable[Mapping[str, np.ndarray]]]),
+                     phases: Phases | None = None) -> Gallery:
+    """Encodes every video batch (global view on every host) into one sharded gallery
+    (phase `encode_videos` of `phases`). `video_batches`: the batches, or a function that
+    opens them (e.g. `EvalSplit.video_batches`: opening the split's shards, checksums
+    included, is then timed with the phase)."""
+    phases = phases if phases is not None else Phases(self.progress)
+    chunks, keys, gallery = [], [], None
+    with phases('encode_videos') as bar:
+      video_batches = video_batches() if callable(video_batches) else video_batches
+      count = len_or_none(video_batches)
+      bar.reset(total=count)
+      for i, (encodings, chunk_keys) in enumerate(self.encode_batches(params, video_batches,
+                                                                      bar)):
+        keys.append(chunk_keys)
+        if count is None:  # an unknown number of batches: concatenated at the end
+          chunks.append(encodings)
+          continue
+        if i >= count:
+          raise ValueError(f'The evaluation split announced {count} video batches and gave '
+                           'more.')
+        if gallery is None:
+          gallery = self._zero_gallery(encodings, count)
+        gallery = self._place(gallery, encodings, np.int32(i))
+      if not keys:
+        raise ValueError('The evaluation split has no videos.')
+      if count is None:
+        encodings = self._concat(chunks)
+        del chunks
+        keys = np.concatenate(keys)
+      else:
+        # Batches announced but not given keep zero rows, as padding rows (key -1).
+        rows = keys[0].shape[0]
+        keys += [np.full((rows,), -1, np.int64)] * (count - len(keys))
+        encodings = gallery
+        keys = _device_major(np.concatenate(keys), rows, self.mesh.size)
+      encodings = jax.block_until_ready(encodings)
+      # Closing the split's reader (its threads) is part of the phase.
+      del video_batches
+    return Gallery(encodings, keys, parallel.shard_global_view(keys, self.mesh, len(keys)))
+
+  def _zero_gallery(self, encodings: Any, count: int) -> Any:
+    """Zeros for `count` batches shaped like `encodings`, sharded on `data`."""
+    leaves, treedef = jax.tree.flatten(encodings)
+    spec = tuple(((count * x.shape[0],) + tuple(x.shape[1:]), np.dtype(x.dtype).name)
+                 for x in leaves)
+    return jax.tree.unflatten(treedef, self._zeros(spec))
 
   def video_batches(self, data: EvalSplit) -> Iterable[Mapping[str, np.ndarray]]:
     """The split's video batches with what this model reads (`video_seed` where needed)."""
+    batches = data.video_batches()
     if VIDEO_SEED in self.video_inputs:  # models that draw noise per video
-      return with_video_seeds(data.video_batches(), data.video_ids)
-    return data.video_batches()
+      return _Sized(with_video_seeds(batches, data.video_ids), len_or_none(batches))
+    return batches
 
-  def evaluate(self, params: Any, data: EvalSplit, gallery: Gallery | None = None
-               ) -> EvalResult:
+  def _encode_query_batches(self, params: Any, data: EvalSplit, phases: Phases
+                            ) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+    """(query encodings replicated on the mesh, `[rows]` query keys, `[rows]` ground-truth
+    keys; -1 = padding) of every query batch (phase `encode_queries`)."""
+    def dispatch(batch):
+      inputs, rows = self._device_rows(batch, self.query_inputs, QUERY_KEY, self.query_rows)
+      gt = parallel.pad_rows(np.asarray(batch[GROUND_TRUTH_KEY], np.int64), self.query_rows,
+                             value=-1)
+      return self._encode_queries(params, inputs), rows, gt
+
+    encoded = []
+    with phases('encode_queries') as bar:
+      batches = data.query_batches()  # opens the shards: in the phase
+      bar.reset(total=len_or_none(batches))
+      for result in pipelined(batches, dispatch, self.in_flight,
+                              wait=lambda result: jax.block_until_ready(result[0])):
+        encoded.append(result)
+        bar.update()
+      del batches  # closing the split's reader is part of the phase
+    return encoded
+
+  def evaluate(self, params: Any, data: EvalSplit, gallery: Gallery | None = None,
+               phases: Phases | None = None) -> EvalResult:
     """Encodes the gallery (or takes `gallery`, e.g. from an index, keyed like the split's
-    videos), ranks every query, computes the metrics of one split."""
+    videos), ranks every query, computes the metrics of one split; the result's `timings`
+    hold the seconds of each phase (and of those `phases` timed before)."""
+    start = time.perf_counter()
+    phases = phases if phases is not None else Phases(self.progress)
     if gallery is None:
-      gallery = self.encode_gallery(params, self.video_batches(data))
+      gallery = self.encode_gallery(params, lambda: self.video_batches(data), phases)
     num_videos, num_queries = len(data.video_ids), len(data.caption_ids)
     columns = gallery.keys >= 0
     video_keys = gallery.keys[columns]
@@ -214,38 +398,71 @@ class Evaluator:
       raise ValueError(f'The evaluation videos hold keys {np.sort(video_keys)[:5].tolist()}.. '
                        f'({video_keys.size} videos), not each of the {num_videos} videos of '
                        'the split once.')
-    scores = np.full((num_queries, num_videos), np.nan, np.float32)
+    queries = self._encode_query_batches(params, data, phases)
+    scores = np.empty((num_queries, num_videos), np.float32)
     ranks = np.zeros((num_queries,), np.int64)
     ground_truth = np.full((num_queries,), -1, np.int64)
-    for batch in data.query_batches():
-      inputs, rows = self._device_rows(batch, self.query_inputs, QUERY_KEY,
-                                       self.query_rows)
-      gt = parallel.pad_rows(np.asarray(batch[GROUND_TRUTH_KEY], np.int64), self.query_rows,
-                             value=-1)
-      block, block_ranks, gt_count, non_finite = parallel.to_host(self._rank_queries(
-          params, inputs, gallery.encodings, gallery.device_keys,
-          parallel.replicate(gt, self.mesh)))
-      real = rows >= 0
-      targets = rows[real]
-      if targets.size and (targets.max() >= num_queries or ground_truth[targets].max() >= 0
-                           or np.unique(targets).size != targets.size):
-        raise ValueError(f'Evaluation query keys {targets[:5].tolist()}.. are out of range '
-                         f'[0, {num_queries}) or appear twice.')
-      _check_rows(data, targets, gt[real], gt_count[real], non_finite[real])
-      scores[targets[:, None], video_keys[None, :]] = np.asarray(block)[real][:, columns]
-      ranks[targets] = block_ranks[real]
-      ground_truth[targets] = gt[real]
+
+    def dispatch(item):
+      encoded, rows, gt = item
+      return self._rank_queries(params, encoded, gallery.encodings, gallery.device_keys,
+                                parallel.replicate(gt, self.mesh)), rows, gt
+
+    with phases('score', len(queries)) as bar:
+      for device, rows, gt in pipelined(queries, dispatch, self.in_flight,
+                                        wait=lambda result: jax.block_until_ready(result[0])):
+        block, block_ranks, gt_count, non_finite = parallel.to_host(device)
+        del device
+        real = rows >= 0
+        targets = rows[real]
+        if targets.size and (targets.max() >= num_queries or ground_truth[targets].max() >= 0
+                             or np.unique(targets).size != targets.size):
+          raise ValueError(f'Evaluation query keys {targets[:5].tolist()}.. are out of range '
+                           f'[0, {num_queries}) or appear twice.')
+        _check_rows(data, targets, gt[real], gt_count[real], non_finite[real])
+        scores[targets[:, None], video_keys[None, :]] = np.asarray(block)[real][:, columns]
+        ranks[targets] = block_ranks[real]
+        ground_truth[targets] = gt[real]
+        bar.update()
+    del queries
     missing = np.flatnonzero(ground_truth < 0)
     if missing.size:
       raise ValueError(f'{missing.size} of {num_queries} queries were never scored (first: '
                        f'{short([data.caption_ids[i] for i in missing[:3]])}).')
-    v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
-    metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio, self.mv_groups)
-    if self.dual_softmax:
-      reranked = metrics_lib.dual_softmax(scores)
-      metrics.update({f'dsl_{k}': v for k, v in metrics_lib.retrieval_metrics(
-          reranked, ground_truth).items() if not k.startswith('num_')})
-    return EvalResult(metrics, scores, ranks)
+    with phases('rank', total=1, unit='step') as bar:
+      v2t = metrics_lib.video_to_text_ranks(scores, ground_truth)
+      bar.update()
+    with phases('metrics', total=1, unit='step') as bar:
+      metrics = metrics_lib.summarize(ranks, v2t, num_videos, data.moment_ratio,
+                                      self.mv_groups)
+      if self.dual_softmax:
+        reranked = metrics_lib.dual_softmax(scores)
+        metrics.update({f'dsl_{k}': v for k, v in metrics_lib.retrieval_metrics(
+            reranked, ground_truth).items() if not k.startswith('num_')})
+      bar.update()
+    timings = dict(phases.timings)
+    timings['total'] = time.perf_counter() - start
+    logging.info('Evaluation: %.2f s in all.', timings['total'])
+    return EvalResult(metrics, scores, ranks, timings)
+
+
+def _device_major(keys: np.ndarray, rows: int, devices: int) -> np.ndarray:
+  """The keys of batches of `rows` (in batch order) in the order `Evaluator._place` stores
+  their rows: each device's rows of every batch in turn, device after device."""
+  return keys.reshape(-1, devices, rows // devices).transpose(1, 0, 2).reshape(-1)
+
+
+class _Sized:
+  """An iterable with a known length (for the progress bars)."""
+
+  def __init__(self, items: Iterable[Any], length: int | None):
+    self._items, self._length = items, length
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter(self._items)
+
+  def __length_hint__(self) -> int:
+    return NotImplemented if self._length is None else self._length
 
 
 def _check_rows(data: EvalSplit, keys: np.ndarray, gt: np.ndarray, gt_count: np.ndarray,

@@ -22,13 +22,15 @@ LOCK_FILE = '.evaluate.lock'
 
 
 def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) -> None:
-  """`<output_dir>/metrics.json` (metrics, `info` and the sha256 of the scores file) and
+  """`<output_dir>/metrics.json` (metrics, `info`, `timings`: the seconds of each phase of the
+  evaluation, and the sha256 of the scores file) and
   `<output_dir>/scores.npy`, published together (`files.publish`: metrics.json last, so a
   metrics.json always describes the scores.npy beside it)."""
   scores = io.BytesIO()
   files.npy_writer(result.scores)(scores)
   scores = scores.getvalue()
-  metrics = {**result.metrics, **info, 'scores_sha256': hashlib.sha256(scores).hexdigest()}
+  metrics = {**result.metrics, **info, 'timings': dict(result.timings),
+             'scores_sha256': hashlib.sha256(scores).hexdigest()}
   os.makedirs(output_dir, exist_ok=True)
   # Two evaluations publishing into one folder at once could pair one's metrics with the
   # other's scores.
@@ -60,26 +62,37 @@ def check_data(trained_on: Mapping[str, Any] | None, evaluated_on: Mapping[str, 
   return not same
 
 
+def load_split(config: Any, split: str, workdir: str, trained_on: Mapping[str, Any] | None,
+               source_path: str, cross_dataset: bool = False) -> dict[str, Any]:
+  """The data of an evaluation or an index of `split`, prepared where needed in `workdir`
+  (`run_data.prepare_run_data`) and checked against the data `trained_on` of the checkpoint or
+  index at `source_path` (`check_data`): {'shards', 'data' (the split's `EvalSplit`),
+  'evaluated_on' (the data identity), 'cross'}. The one loader of `evaluate.py --checkpoint`,
+  `--index` and `prvr-index build`."""
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  # Synthetic data / prepared shards are found again in the training workdir.
+  run_data.prepare_run_data(config, workdir)
+  shards = run_data.open_run_data(config, workdir)
+  split_name = config.data.get(f'{split}_split', split)
+  evaluated_on = shards.identity()
+  cross = check_data(trained_on, evaluated_on, split_name, source_path, cross_dataset)
+  if cross:
+    logging.warning('Cross-dataset: %s was trained on other data than split %r of %s.',
+                    source_path, split_name, shards.dir)
+  return dict(shards=shards, data=shards.eval_split(split), evaluated_on=evaluated_on,
+              cross=cross)
+
+
 def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fallback_dir: str,
                              cross_dataset: bool = False) -> dict[str, Any]:
   """What evaluating or indexing `split` with a checkpoint needs: {'mesh', 'params', 'info'
-  (`checkpoint.load_params`), 'shards', 'data' (the split's `EvalSplit`), 'evaluated_on' (the
-  data identity), 'cross' (`check_data`)}. Data is looked for in the checkpoint's workdir,
-  else `fallback_dir`."""
-  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  (`checkpoint.load_params`)} and `load_split`'s entries. Data is looked for in the
+  checkpoint's workdir, else `fallback_dir`."""
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
-  # Synthetic data / prepared shards are found again in the training workdir.
-  run_data.prepare_run_data(config, info['workdir'] or fallback_dir)
-  shards = run_data.open_run_data(config, info['workdir'] or fallback_dir)
-  split_name = config.data.get(f'{split}_split', split)
-  evaluated_on = shards.identity()
-  cross = check_data(info['data'], evaluated_on, split_name, checkpoint_path, cross_dataset)
-  if cross:
-    logging.warning('Cross-dataset: %s was trained on other data than split %r of %s.',
-                    checkpoint_path, split_name, shards.dir)
-  return dict(mesh=mesh, params=params, info=info, shards=shards,
-              data=shards.eval_split(split), evaluated_on=evaluated_on, cross=cross)
+  return dict(mesh=mesh, params=params, info=info,
+              **load_split(config, split, info['workdir'] or fallback_dir, info['data'],
+                           checkpoint_path, cross_dataset))
 
 
 def default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from prvr_jax import config_lib
 from prvr_jax import parallel
 from prvr_jax.eval import outputs
-from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery
+from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery, Phases, len_or_none
 from prvr_jax.eval.splits import EvalSplit
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
@@ -25,25 +25,36 @@ from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantiz
 
 def build_index(config: ml_collections.ConfigDict, params: Any, data: EvalSplit, out_dir: str,
                 dtype: str = 'float32', shard_videos: int = 100_000, overwrite: bool = False,
-                mesh: Any = None, info: Mapping[str, Any] | None = None) -> Index:
-  """Encodes every video of `data` with `config.model` (its `encode_videos`, batches of
-  `config.eval.video_batch_size` sharded over the mesh, as the evaluator does) and writes the
-  index, `shard_videos` videos per shard. Process 0 writes; every process returns the index.
+                mesh: Any = None, info: Mapping[str, Any] | None = None,
+                phases: Phases | None = None) -> Index:
+  """Encodes every video of `data` with `config.model` and writes the index, `shard_videos`
+  videos per shard. Process 0 writes; every process returns the index.
+
+  The videos are encoded by the evaluator's own gallery encoder (`Evaluator.encode_batches`:
+  batches of `config.eval.video_batch_size` sharded over the mesh, a bounded number in flight),
+  so an index holds what `evaluate.py` would score, and costs the same to encode; the host
+  writes one batch while the devices encode the next. `phases` (default: a new one) records
+  the phase's seconds (`encode_videos`, writing included) and shows its progress bar.
   """
   mesh = mesh if mesh is not None else parallel.make_mesh()
   evaluator = Evaluator.from_config(config, mesh)
+  phases = phases if phases is not None else Phases(evaluator.progress)
   writer = None
   if jax.process_index() == 0:
     writer = IndexWriter(out_dir, config.model, params, dtype=dtype, shard_videos=shard_videos,
                          overwrite=overwrite, info=info)
-  for encodings, keys in evaluator.encode_batches(params, evaluator.video_batches(data)):
-    host = parallel.to_host(encodings)
-    real = keys >= 0
+  with phases('encode_videos') as bar:
+    batches = evaluator.video_batches(data)  # opens the shards: in the phase
+    bar.reset(total=len_or_none(batches))
+    for encodings, keys in evaluator.encode_batches(params, batches, bar):
+      host = parallel.to_host(encodings)
+      del encodings
+      real = keys >= 0
+      if writer is not None:
+        writer.add(jax.tree.map(lambda x: np.asarray(x)[real], host),
+                   [data.video_ids[k] for k in keys[real]])
     if writer is not None:
-      writer.add(jax.tree.map(lambda x: np.asarray(x)[real], host),
-                 [data.video_ids[k] for k in keys[real]])
-  if writer is not None:
-    writer.close()
+      writer.close()
   parallel.sync('index_written')
   return open_index(out_dir)
 
@@ -73,8 +84,8 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
         'Build the index from this split.')
   keys = np.array([keys_of[v] for v in index.ids], np.int64)
   rows = parallel.round_up(len(keys), evaluator.mesh.size)
-  encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'), evaluator.mesh,
-                                         rows)
+  encodings = parallel.shard_global_view(unflatten_dict(dequantized_rows(index), sep='/'),
+                                         evaluator.mesh, rows)
   padded = parallel.pad_rows(keys, rows, value=-1)
   return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))
 
@@ -111,15 +122,15 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
           'data': built.get('trained_on')}
   output_dir = output_dir or f'{index.path}_eval_{split}'
   mesh = parallel.make_mesh()
-  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  run_data.prepare_run_data(config, info['workdir'] or output_dir)
-  shards = run_data.open_run_data(config, info['workdir'] or output_dir)
-  evaluated_on = shards.identity()
-  cross = outputs.check_data(info['data'], evaluated_on,
-                             config.data.get(f'{split}_split', split), index.path, cross_dataset)
-  data = shards.eval_split(split)
+  loaded = outputs.load_split(config, split, info['workdir'] or output_dir, info['data'],
+                              index.path, cross_dataset)
+  data, evaluated_on, cross = loaded['data'], loaded['evaluated_on'], loaded['cross']
   evaluator = Evaluator.from_config(config, mesh)
-  result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data,
-                              gallery=evaluation_gallery(index, evaluator, data))
+  phases = Phases(evaluator.progress)
+  with phases('load_gallery'):
+    gallery = evaluation_gallery(index, evaluator, data)
+  result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data, gallery=gallery,
+                              phases=phases)
+  result.timings['total'] += result.timings['load_gallery']
   outputs.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
   return result
