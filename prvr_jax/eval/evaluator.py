@@ -62,6 +62,8 @@ def default_in_flight(mesh: Mesh) -> int:
   """`IN_FLIGHT_CPU` on a mesh of CPU devices, else `IN_FLIGHT`."""
   cpu = all(d.platform == 'cpu' for d in mesh.devices.flat)
   return IN_FLIGHT_CPU if cpu else IN_FLIGHT
+
+
 # The phases of an evaluation, the keys of `EvalResult.timings` (`load_gallery` instead of
 # `encode_videos` for an evaluation from an index).
 PHASES = ('encode_videos', 'encode_queries', 'score', 'rank', 'metrics')
