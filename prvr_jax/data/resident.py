@@ -125,6 +125,7 @@ class DeviceShardData(protocol.ShardData):
   """`ShardData` whose training split lives in device memory (module docstring)."""
 
   _packed: dict[str, jax.Array] | None = dataclasses.field(default=None, init=False, repr=False)
+  _num_captions: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)
 
   @property
   def steps_per_epoch(self) -> int:
@@ -142,6 +143,7 @@ class DeviceShardData(protocol.ShardData):
       _log.info('training split %r on every device: %.1f MB', name,
                 sum(x.nbytes for x in packed.values()) / 2**20)
       self._packed = parallel.replicate(packed, mesh)
+      self._num_captions = packed['num_captions']
     return self._packed
 
   def train_batches(self, start_step: int, mesh: Mesh) -> Iterator[dict[str, jax.Array]]:
@@ -150,7 +152,7 @@ class DeviceShardData(protocol.ShardData):
     slots = self._num_slots()
     # Rows a multiple of the device count, as `parallel.shard_global_view` pads them.
     video_rows, slot_rows = (parallel.round_up(n, mesh.size) for n in (batch_size, slots))
-    counts = np.asarray(jax.device_get(packed['num_captions']))
+    counts = self._num_captions
     gather = jax.jit(functools.partial(
         gather_batch, max_frames=self.shards.max_frames,
         max_query_len=self.shards.max_query_len, num_slots=slot_rows),
