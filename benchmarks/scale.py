@@ -213,7 +213,9 @@ def run(work: str) -> dict[str, Any]:
   phases.append(run_phase('index build', [
       python, '-m', 'prvr_jax.tools.index', 'build', *config_args, *data,
       f'--checkpoint={train_dir}', '--split=test', f'--out={index_dir}'], index_dir))
-  queries = os.path.join(release_dir, 'TextData', 'roberta_tvr_query_feat.hdf5')
+  from prvr_jax.data import release  # pylint: disable=g-import-not-at-top
+  queries = release.Layout(release_dir, config.data.collection, config.data.visual_feature,
+                           config.data.text_feature).query_feature_path
   phases.append(run_phase('index search', [
       python, '-m', 'prvr_jax.tools.index', 'search', f'--index={index_dir}',
       f'--queries={queries}', '--k=100', f'--output={os.path.join(work, "hits.jsonl")}']))

@@ -129,8 +129,8 @@ class DeviceShardData(protocol.ShardData):
 
   @property
   def steps_per_epoch(self) -> int:
-    split = self.shards.split(self.batching.split('train'))
-    return max(1, -(-split.num_videos // self.batching.batch_size))
+    return pipeline.steps_per_epoch(self.shards.split(self.batching.split('train')),
+                                    self.batching.batch_size)
 
   def _num_slots(self) -> int:
     split = self.shards.split(self.batching.split('train'))
