@@ -3,11 +3,13 @@
 import json
 
 import numpy as np
+import pytest
 
 from prvr_jax import models
 import support
 
 
+@pytest.mark.end_to_end
 def test_scale_benchmark_runs_every_phase_at_a_tiny_fraction(tmp_path):
   support.require_tensorflow()
   work, output = tmp_path / 'work', tmp_path / 'scale.json'

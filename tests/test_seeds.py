@@ -130,6 +130,7 @@ def _run_metrics(run_dir) -> dict[str, dict]:
 
 
 @LOAD_MODULE
+@pytest.mark.end_to_end
 def test_two_seeds_end_to_end(reference_run, config_path, tiny_data, xla_cache, tmp_path):
   first = support.load_config(config_path).train.seed  # the reference run's seed
   shutil.copytree(reference_run, tmp_path / f'seed_{first}')

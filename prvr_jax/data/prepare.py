@@ -356,6 +356,17 @@ def _split_info(name: str, template: Any, shards: Sequence[dict[str, Any]]) -> t
       num_bytes=sum(s['example_bytes'] for s in shards), filename_template=template)
 
 
+class _LocalDatasetInfo(tfds.core.DatasetInfo):
+  """The info of a builder whose datasets are never in TFDS's bucket of pre-computed infos.
+
+  TFDS looks there whenever a builder opens a folder not yet prepared, and each look leaves an
+  empty temporary folder behind (`tmp*tfds` in the system's temp folder).
+  """
+
+  def initialize_from_bucket(self) -> None:
+    """Nothing to fetch: the info comes from the builder's code until it is prepared."""
+
+
 @dataclasses.dataclass
 class PrvrConfig(tfds.core.BuilderConfig):
   """One collection / feature of the release, and the preprocessing settings.
@@ -407,9 +418,8 @@ class PrvrFeatures(tfds_dataset_builder.FileReaderBuilder,
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=shard_features(), disable_shuffling=True,
-        homepage='https://github.com/HuiGuanLab/ms-sl')
+    return _LocalDatasetInfo(builder=self, features=shard_features(), disable_shuffling=True,
+                             homepage='https://github.com/HuiGuanLab/ms-sl')
 
   def _open_release(self, manual_dir) -> release_lib.Release:
     if self._release is None:

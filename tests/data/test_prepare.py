@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -227,13 +228,17 @@ def test_moments_of_some_captions_only_are_refused(tmp_path):
     prepare.prepare_shards(root, str(tmp_path / 'a'), collection='toy', visual_feature='feat')
 
 
-def test_tfds_builder_with_manual_dir(tmp_path):
+def test_tfds_builder_with_manual_dir(tmp_path, monkeypatch):
   spec = synthetic.SIZES['tiny']
   data = synthetic.generate(spec, seed=3)
   root = str(tmp_path / 'release')
   synthetic.write_mssl(data, root)
+  system_temp = tmp_path / 'system_temp'
+  system_temp.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(system_temp))
   builder = tfds.builder('prvr_features/synthetic', data_dir=str(tmp_path / 'tfds'))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=root))
+  assert not list(system_temp.iterdir())  # nothing left in the system's temp folder
   assert set(builder.info.splits) == {'train', 'val', 'test'}
   assert builder.info.splits['test'].num_examples == spec.num_videos[2]
   rel = release_lib.Release(root, synthetic.COLLECTION, synthetic.VISUAL_FEATURE)

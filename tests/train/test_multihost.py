@@ -31,6 +31,7 @@ def _records(workdir, split):
           for r in read_jsonl(workdir / 'metrics.jsonl') if r['split'] == split]
 
 
+@pytest.mark.end_to_end
 def test_one_device_four_devices_two_hosts_agree(tmp_path, reference_run, config_path, tiny_data,
                                                  xla_cache):
   # The one-device run is the session's reference run (conftest.py).
