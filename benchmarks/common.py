@@ -1,7 +1,7 @@
 """What the benchmarks share: the machine they ran on, its measured peaks, and the models'
 paper-size configs."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 import datetime
 import importlib.util
 import json
@@ -12,10 +12,14 @@ import subprocess
 import time
 from typing import Any
 
+from flax.traverse_util import unflatten_dict
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from prvr_jax.eval.evaluator import score_keys
+from prvr_jax.models.spec import ModelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The paper-size variant of each model's config file ('tvr' for the others).
@@ -149,3 +153,24 @@ def load_config(name: str, overrides: Sequence[str] = (), variant: str | None = 
     old = node[leaf]
     node[leaf] = type(old)(text) if isinstance(old, (int, float, str)) else json.loads(text)
   return config
+
+
+def flops_per_query(spec: ModelSpec, config_model: Any, params: Any,
+                    queries: Mapping[str, np.ndarray], size: int) -> float:
+  """Matching FLOPs per query against `size` videos: XLA's cost analysis of the jitted `score`.
+
+  XLA counts a loop body once, so the count is taken at `score_query_chunk` queries (MS-SL's
+  `lax.map` over query chunks then runs once) and divided by that number."""
+  module = spec.build(config_model)
+  count = min(len(next(iter(queries.values()))),
+              config_model.get('score_query_chunk', 1 << 30))
+  encoded = jax.eval_shape(
+      lambda p, q: module.apply({'params': p}, q, method='encode_queries'), params,
+      {k: jax.ShapeDtypeStruct((count,) + v.shape[1:], v.dtype) for k, v in queries.items()})
+  stored = unflatten_dict({name: jax.ShapeDtypeStruct((size,) + s.shape, s.dtype)
+                           for name, s in spec.stored_per_video(config_model).items()}, sep='/')
+  rngs = score_keys(spec, 0)
+  score = jax.jit(lambda p, q, s: module.apply({'params': p}, q, s, method='score', rngs=rngs))
+  cost = score.lower(params, encoded, stored).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost['flops']) / count

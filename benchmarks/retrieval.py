@@ -57,13 +57,13 @@ import ml_collections
 import numpy as np
 
 from prvr_jax import models
-from prvr_jax.eval.evaluator import score_keys
 from prvr_jax.index import Index, IndexWriter, Searcher
 from prvr_jax.index import store
 from prvr_jax.models.spec import ModelSpec
 
-from common import (DEFAULT_VARIANT, ROOT, VARIANTS, load_config, machine,  # benchmarks/common.py
-                    matmul_peak_gflops, memory_bandwidth, usable_cores)
+from common import (DEFAULT_VARIANT, ROOT, VARIANTS,  # benchmarks/common.py
+                    flops_per_query, load_config, machine, matmul_peak_gflops, memory_bandwidth,
+                    usable_cores)
 
 DEFAULT_SIZES = (500, 1000, 1500, 2000, 2500, 4000, 10_000, 100_000)
 LARGE_SIZE = 1_000_000
@@ -207,27 +207,6 @@ def index_rows(index: Index) -> dict[str, np.ndarray]:
       parts.append(np.asarray(values))
     out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
   return unflatten_dict(out, sep='/')
-
-
-def flops_per_query(spec: ModelSpec, config_model: Any, params: Any,
-                    queries: Mapping[str, np.ndarray], size: int) -> float:
-  """Matching FLOPs per query against `size` videos: XLA's cost analysis of the jitted `score`.
-
-  XLA counts a loop body once, so the count is taken at `score_query_chunk` queries (MS-SL's
-  `lax.map` over query chunks then runs once) and divided by that number."""
-  module = spec.build(config_model)
-  count = min(len(next(iter(queries.values()))),
-              config_model.get('score_query_chunk', 1 << 30))
-  encoded = jax.eval_shape(
-      lambda p, q: module.apply({'params': p}, q, method='encode_queries'), params,
-      {k: jax.ShapeDtypeStruct((count,) + v.shape[1:], v.dtype) for k, v in queries.items()})
-  stored = unflatten_dict({name: jax.ShapeDtypeStruct((size,) + s.shape, s.dtype)
-                           for name, s in spec.stored_per_video(config_model).items()}, sep='/')
-  rngs = score_keys(spec, 0)
-  score = jax.jit(lambda p, q, s: module.apply({'params': p}, q, s, method='score', rngs=rngs))
-  cost = score.lower(params, encoded, stored).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost['flops']) / count
 
 
 # ----------------------------------------------------------------------------------- official

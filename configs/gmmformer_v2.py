@@ -30,11 +30,14 @@ MODEL = dict(
 LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0,
             om_solver='host')
 
-# Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
+# Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code). Evaluation
+# encodes 50 videos at a time, not 100: a video's encoding does not depend on its batch, and
+# the encoder's activations (8 branches of 160 positions per video) are what bounds evaluation
+# memory (docs/benchmarks.md, paper scale).
 _TVR = {'optim.lr': 3e-4, 'model.temperature': 0.09, 'model.dropout': 0.2,
         'model.input_dropout': 0.2, 'loss.margin': 0.1, 'loss.clip_nce': 0.05,
         'loss.frame_nce': 0.04, 'loss.qdl': 8e-5, 'loss.om': 0.09, 'loss.qdl_delta': 0.15,
-        'loss.qdl_alpha': 32.0, 'loss.qdl_gamma': 1.0}
+        'loss.qdl_alpha': 32.0, 'loss.qdl_gamma': 1.0, 'eval.video_batch_size': 50}
 PER_DATASET = {
     'tvr': _TVR,
     'activitynet': {**_TVR, 'optim.lr': 2.5e-4, 'model.temperature': 0.6,

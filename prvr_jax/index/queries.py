@@ -4,7 +4,7 @@
   or `tokens [Q, C]`), optionally `ids [Q]` (strings). Read without pickles.
 * `.h5` / `.hdf5`: token features in the official release's format, one dataset per query id
   (`[n_tokens, Dq]`, or `[Dq]` for one sentence feature), truncated to `max_query_len` tokens
-  as the data pipeline does, zero-padded with a mask.
+  as the data pipeline does, zero-padded with a mask; read one query batch at a time.
 * `.txt`: one query text per line (models reading CLIP `tokens`), tokenized with CLIP's BPE.
 """
 
@@ -14,38 +14,87 @@ from typing import Any
 import h5py
 import numpy as np
 
-from prvr_jax.data import preprocess
 from prvr_jax.files import short
 
 
-def _features(path: str, config_model: Any) -> tuple[dict[str, np.ndarray], list[str]]:
-  """An HDF5 file of id -> token features -> (`query_feats`, `query_mask`), ids in file
-  order."""
-  length, dim = config_model.max_query_len, config_model.query_dim
-  try:
-    h5 = h5py.File(path, 'r')
-  except OSError as e:
-    raise ValueError(f'--queries={path}: cannot open as HDF5 ({e}).') from None
-  with h5:
-    ids = list(h5.keys())
-    feats = np.zeros((len(ids), length, dim), np.float32)
-    mask = np.zeros((len(ids), length), np.float32)
-    for i, query_id in enumerate(ids):
-      item = h5[query_id]
-      if not isinstance(item, h5py.Dataset):
-        raise ValueError(f'--queries={path}: {short(query_id)} is not a dataset.')
-      tokens = np.asarray(item[...], np.float32)
-      tokens = tokens[None] if tokens.ndim == 1 else tokens
-      if tokens.ndim != 2 or tokens.shape[1] != dim or not tokens.shape[0]:
-        raise ValueError(f'--queries={path}: query {short(query_id)} has shape {tokens.shape}; '
-                         f'the model reads [tokens, {dim}].')
-      if not np.isfinite(tokens).all():
-        raise ValueError(f'--queries={path}: query {short(query_id)} holds NaN or infinite '
-                         'values.')
-      tokens = preprocess.truncate_tokens(tokens, length)
-      feats[i, :len(tokens)] = tokens
-      mask[i, :len(tokens)] = 1
-  return {'query_feats': feats, 'query_mask': mask}, ids
+class TokenFeatures:
+  """The token features of an HDF5 query file, read when sliced: `rows(start, stop)` ->
+  (`query_feats [n, L, Dq]`, `query_mask [n, L]`) of those queries only, truncated to
+  `max_query_len` tokens and zero-padded. A release's query file holds every split's
+  captions: TVR's 108,965 would be 10 GB as one padded array.
+
+  Each query's shape is checked when the file is opened (from the file's metadata); its
+  values (finite) when its rows are read.
+  """
+
+  def __init__(self, path: str, config_model: Any):
+    self.path = path
+    self.length, self.dim = config_model.max_query_len, config_model.query_dim
+    self._cached: tuple[int, int, tuple[np.ndarray, np.ndarray]] | None = None
+    with self._open() as h5:
+      self.ids = list(h5.keys())
+      for query_id in self.ids:
+        item = h5[query_id]
+        if not isinstance(item, h5py.Dataset):
+          raise ValueError(f'--queries={path}: {short(query_id)} is not a dataset.')
+        shape = item.shape if len(item.shape) != 1 else (1,) + item.shape
+        if len(shape) != 2 or shape[1] != self.dim or not shape[0]:
+          raise ValueError(f'--queries={path}: query {short(query_id)} has shape '
+                           f'{item.shape}; the model reads [tokens, {self.dim}].')
+
+  def _open(self) -> h5py.File:
+    try:
+      return h5py.File(self.path, 'r')
+    except OSError as e:
+      raise ValueError(f'--queries={self.path}: cannot open as HDF5 ({e}).') from None
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+  def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(`query_feats`, `query_mask`) of queries `start` to `stop` (the last pair is kept: both
+    keys of one batch read the file once)."""
+    if self._cached is not None and self._cached[:2] == (start, stop):
+      return self._cached[2]
+    ids = self.ids[start:stop]
+    feats = np.zeros((len(ids), self.length, self.dim), np.float32)
+    mask = np.zeros((len(ids), self.length), np.float32)
+    with self._open() as h5:
+      for i, query_id in enumerate(ids):
+        item = h5[query_id]  # only the tokens kept are read
+        tokens = np.asarray(item[:self.length] if item.ndim == 2 else item[...][None],
+                            np.float32)
+        if not np.isfinite(tokens).all():
+          raise ValueError(f'--queries={self.path}: query {short(query_id)} holds NaN or '
+                           'infinite values.')
+        feats[i, :len(tokens)] = tokens
+        mask[i, :len(tokens)] = 1
+    self._cached = (start, stop, (feats, mask))
+    return feats, mask
+
+
+class _Column:
+  """One input (`query_feats` or `query_mask`) of a `TokenFeatures`, sliced as an array's
+  leading axis (`column[a:b]`), which is how a search reads its query batches."""
+
+  def __init__(self, source: TokenFeatures, part: int):
+    self.source, self.part = source, part
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, rows: slice) -> np.ndarray:
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+      raise TypeError(f'Query rows are read in ranges (a:b), not {rows!r}.')
+    start, stop, _ = rows.indices(len(self.source))
+    return self.source.rows(start, stop)[self.part]
+
+
+def _features(path: str, config_model: Any) -> tuple[dict[str, Any], list[str]]:
+  """An HDF5 file of id -> token features -> (`query_feats`, `query_mask`), each read a range
+  of queries at a time (`TokenFeatures`), ids in file order."""
+  source = TokenFeatures(path, config_model)
+  return {'query_feats': _Column(source, 0), 'query_mask': _Column(source, 1)}, source.ids
 
 
 def _arrays(path: str, inputs: tuple[str, ...], config_model: Any
@@ -89,8 +138,10 @@ def _texts(path: str, config_model: Any) -> tuple[dict[str, np.ndarray], list[st
 
 
 def read_queries(path: str, query_inputs: tuple[str, ...], config_model: Any
-                 ) -> tuple[dict[str, np.ndarray], list[str]]:
-  """(the model's query inputs `[Q, ...]`, Q query ids) of a query file."""
+                 ) -> tuple[dict[str, Any], list[str]]:
+  """(the model's query inputs `[Q, ...]`, Q query ids) of a query file. Each input is an array,
+  or for an HDF5 file a column read a range of queries at a time (`len(x)`, `x[a:b]`), which is
+  what `Searcher.search` asks of it."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'--queries={path} does not exist.')
   suffix = os.path.splitext(path)[1].lower()

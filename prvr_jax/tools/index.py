@@ -97,15 +97,14 @@ def _search() -> None:
         FLAGS.num_candidates, k=FLAGS.k, query_ids=ids)
   else:
     result = searcher.search(queries, k=FLAGS.k, query_ids=ids)
-  lines = [json.dumps({'query': query_id, 'videos': videos,
-                       'scores': [round(float(s), 6) for s in scores]})
-           for query_id, videos, scores in zip(ids, result.ids, result.scores)]
-  text = '\n'.join(lines) + '\n'
+  lines = (json.dumps({'query': query_id, 'videos': videos,
+                       'scores': [round(float(s), 6) for s in scores]}) + '\n'
+           for query_id, videos, scores in zip(ids, result.ids, result.scores))
   if FLAGS.output:
     from prvr_jax import files  # pylint: disable=g-import-not-at-top
-    files.write_atomic(FLAGS.output, lambda f: f.write(text.encode('utf-8')))
+    files.write_atomic(FLAGS.output, lambda f: f.writelines(l.encode('utf-8') for l in lines))
   else:
-    sys.stdout.write(text)
+    sys.stdout.writelines(lines)
 
 
 def _candidates() -> None:

@@ -3,6 +3,7 @@ chunks, query batches and device count; quantized storage stays within its round
 damaged, truncated or mismatching index is refused with a message naming the file."""
 
 import json
+import types
 import pathlib
 
 import jax
@@ -271,3 +272,32 @@ def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xl
   with pytest.raises(ValueError, match='expected an .npz, .h5/.hdf5 or .txt file'):
     queries_lib.read_queries(str(tmp_path / 'out.jsonl'), ('query_feats', 'query_mask'),
                              config.model)
+
+
+def test_hdf5_queries_are_read_one_range_at_a_time(tmp_path):
+  import h5py  # pylint: disable=g-import-not-at-top
+  config_model = types.SimpleNamespace(name='m', max_query_len=3, query_dim=4)
+  rng = np.random.default_rng(0)
+  tokens = {'a': rng.normal(size=(5, 4)), 'b': rng.normal(size=(2, 4)), 'c': rng.normal(size=4)}
+  path = tmp_path / 'queries.h5'
+  with h5py.File(path, 'w') as f:
+    for name, value in tokens.items():
+      f[name] = value.astype(np.float32)
+    f['d'] = np.full((2, 4), np.nan, np.float32)
+  queries, ids = queries_lib.read_queries(str(path), ('query_feats', 'query_mask'),
+                                          config_model)
+  assert ids == ['a', 'b', 'c', 'd'] and len(queries['query_feats']) == 4
+  feats, mask = queries['query_feats'][0:3], queries['query_mask'][0:3]
+  assert feats.shape == (3, 3, 4)
+  np.testing.assert_array_equal(feats[0], tokens['a'][:3].astype(np.float32))  # truncated
+  np.testing.assert_array_equal(feats[1, :2], tokens['b'].astype(np.float32))
+  np.testing.assert_array_equal(feats[2, 0], tokens['c'].astype(np.float32))  # one sentence
+  assert not feats[1, 2:].any() and not feats[2, 1:].any()
+  np.testing.assert_array_equal(mask, [[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+  with pytest.raises(ValueError, match=r"query 'd' holds NaN"):
+    queries['query_feats'][2:4]  # values are checked when read
+  with h5py.File(path, 'a') as f:
+    f['e'] = np.zeros((2, 5), np.float32)
+  with pytest.raises(ValueError, match=r"query 'e' has shape \(2, 5\); the model reads "
+                     r'\[tokens, 4\]'):  # shapes when the file is opened
+    queries_lib.read_queries(str(path), ('query_feats', 'query_mask'), config_model)
