@@ -2,7 +2,8 @@ r"""Paper scale on one machine: a TVR-sized release through prepare, training, e
 the index, one table.
 
   python benchmarks/scale.py --fraction=0.25 --workdir=/data/scale [--release=PATH] \
-      [--config=configs/gmmformer_v2.py:tvr] [--train_steps=3] [--set=key=value] \
+      [--config=configs/gmmformer_v2.py:tvr] [--also=configs/ms_sl.py:tvr] \
+      [--train_steps=3] [--set=key=value] \
       [--output=benchmarks/results/scale_amd_epyc_0.25.json]
 
 Without `--release` it writes a release of TVR's shapes, scaled by `--fraction`
@@ -10,7 +11,8 @@ Without `--release` it writes a release of TVR's shapes, scaled by `--fraction`
 features, 5 captions each of ~13 768-d RoBERTa-like tokens, about 18 GB in float32 at 1.0; random
 features with a planted signal, the MS-SL file layout, through `release.ReleaseWriter`). Then,
 each phase in its own process (its wall time and peak RSS its own): `prvr-prepare` into shards,
-`train.py` for `--train_steps` steps, `evaluate.py` on the test split from that checkpoint,
+`train.py` for `--train_steps` steps, `evaluate.py` on the test split from that checkpoint
+(both again for each `--also` config, on the same shards),
 `prvr-index build` of the test videos and `prvr-index search` of the test captions. It measures
 the disk's write and read rates and the float32 matmul peak in the same run and prints, per
 phase, wall time, peak RSS, bytes it wrote and its floor:
@@ -68,6 +70,9 @@ _RELEASE = flags.DEFINE_string('release', None, 'A real release folder (MS-SL la
                                'of the generated one.')
 _CONFIG = flags.DEFINE_string('config', 'configs/gmmformer_v2.py:tvr', 'Config file[:variant].')
 _SET = flags.DEFINE_multi_string('set', [], 'Config override key=value, for every phase.')
+_ALSO = flags.DEFINE_multi_string('also', [], 'Another config file[:variant] trained and '
+                                  'evaluated on the same shards (its own train and evaluate '
+                                  'rows).')
 _STEPS = flags.DEFINE_integer('train_steps', 3, 'Training steps (0: the config\'s whole run, '
                               'its validation and test included).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the generated release.')
@@ -198,6 +203,34 @@ def evaluation_gflop(config: Any, num_queries: int, num_videos: int) -> dict[str
                    * num_queries / 1e9}
 
 
+def train_and_evaluate(work: str, config_file: str, config_args: Sequence[str],
+                       data: Sequence[str], test: Any, peak: float, rates: dict[str, float],
+                       phases: list[dict[str, Any]]) -> Any:
+  """The train and evaluate phases of one config file[:variant] on the prepared shards, with
+  the evaluation's floors (module docstring) and phase times; returns its config."""
+  path, _, variant = config_file.partition(':')
+  name = os.path.basename(path).removesuffix('.py')
+  tag, suffix = ('', '') if config_file == _CONFIG.value else (f' ({name})', f'_{name}')
+  train_dir, eval_dir = os.path.join(work, 'run' + suffix), os.path.join(work, 'eval' + suffix)
+  phases.append(run_phase('train' + tag, [
+      sys.executable, 'train.py', *config_args, *data, f'--workdir={train_dir}',
+      *([f'--config.train.stop_after_steps={_STEPS.value}'] if _STEPS.value else [])],
+      train_dir))
+  phases.append(run_phase('evaluate' + tag, [
+      sys.executable, 'evaluate.py', *config_args, *data, f'--checkpoint={train_dir}',
+      '--split=test', f'--output_dir={eval_dir}'], eval_dir))
+  config = load_config(name, _SET.value, variant or None)
+  arithmetic = evaluation_gflop(config, test.num_captions, test.num_videos)
+  read_s = sum(s.bytes for s in test.shards) / 2**20 / rates['read_mb_s']
+  matching = matching_gflop(config, test.num_captions, test.num_videos)
+  phases[-1]['floor_s'] = sum(arithmetic.values()) / peak + read_s
+  phases[-1]['matching_floor_s'] = matching / peak + read_s
+  phases[-1]['gflop'] = {**arithmetic, 'matching': matching}
+  with open(os.path.join(eval_dir, 'metrics.json'), encoding='utf-8') as f:
+    phases[-1]['timings'] = json.load(f).get('timings', {})
+  return config
+
+
 def run(work: str) -> dict[str, Any]:
   """The phases in `work`; every number of the table."""
   config_args = [f'--config={_CONFIG.value}', *(f'--config.{item}' for item in _SET.value)]
@@ -207,7 +240,8 @@ def run(work: str) -> dict[str, Any]:
   rates = disk_rates(work, _DISK_PROBE.value << 20)
   report: dict[str, Any] = {'machine': info, 'matmul_peak_gflops': peak, 'disk': rates,
                             'settings': {'fraction': _FRACTION.value, 'config': _CONFIG.value,
-                                         'set': _SET.value, 'train_steps': _STEPS.value,
+                                         'set': _SET.value, 'also': _ALSO.value,
+                                         'train_steps': _STEPS.value,
                                          'release': _RELEASE.value}, 'phases': []}
   phases = report['phases']
   release_dir = _RELEASE.value
@@ -220,6 +254,7 @@ def run(work: str) -> dict[str, Any]:
     release_dir = os.path.join(work, 'tvr')
   shards, train_dir = os.path.join(work, 'shards'), os.path.join(work, 'run')
   index_dir = os.path.join(work, 'index')
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   data = [f'--config.data.dir={shards}']
   phases.append(run_phase('prepare', [python, '-m', 'prvr_jax.tools.prepare', *config_args,
                                       f'--config.data.dir={release_dir}', f'--out={shards}'],
@@ -227,24 +262,11 @@ def run(work: str) -> dict[str, Any]:
   release_bytes = folder_bytes(release_dir)
   phases[-1]['floor_s'] = (release_bytes / 2**20 / rates['read_mb_s']
                            + phases[-1]['bytes'] / 2**20 / rates['write_mb_s'])
-  phases.append(run_phase('train', [
-      python, 'train.py', *config_args, *data, f'--workdir={train_dir}',
-      *([f'--config.train.stop_after_steps={_STEPS.value}'] if _STEPS.value else [])],
-      train_dir))
-  phases.append(run_phase('evaluate', [
-      python, 'evaluate.py', *config_args, *data, f'--checkpoint={train_dir}', '--split=test',
-      f'--output_dir={os.path.join(work, "eval")}'], os.path.join(work, 'eval')))
-  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   test = pipeline.open_shards(shards).split('test')
-  path, _, variant = _CONFIG.value.partition(':')
-  config = load_config(os.path.basename(path).removesuffix('.py'), _SET.value, variant or None)
-  gflop = matching_gflop(config, test.num_captions, test.num_videos)
-  arithmetic = evaluation_gflop(config, test.num_captions, test.num_videos)
-  read_s = sum(s.bytes for s in test.shards) / 2**20 / rates['read_mb_s']
-  phases[-1]['floor_s'] = sum(arithmetic.values()) / peak + read_s
-  phases[-1]['matching_floor_s'] = gflop / peak + read_s
-  with open(os.path.join(work, 'eval', 'metrics.json'), encoding='utf-8') as f:
-    phases[-1]['timings'] = json.load(f).get('timings', {})
+  config = train_and_evaluate(work, _CONFIG.value, config_args, data, test, peak, rates, phases)
+  for other in _ALSO.value:
+    other_args = [f'--config={other}', *config_args[1:]]
+    train_and_evaluate(work, other, other_args, data, test, peak, rates, phases)
   phases.append(run_phase('index build', [
       python, '-m', 'prvr_jax.tools.index', 'build', *config_args, *data,
       f'--checkpoint={train_dir}', '--split=test', f'--out={index_dir}'], index_dir))
@@ -255,20 +277,21 @@ def run(work: str) -> dict[str, Any]:
       python, '-m', 'prvr_jax.tools.index', 'search', f'--index={index_dir}',
       f'--queries={queries}', '--k=100', f'--output={os.path.join(work, "hits.jsonl")}']))
   report['release_bytes'] = release_bytes
-  report['test'] = {'videos': test.num_videos, 'captions': test.num_captions,
-                    'matching_gflop': gflop, 'evaluation_gflop': arithmetic}
+  report['test'] = {'videos': test.num_videos, 'captions': test.num_captions}
   return report
 
 
 def table(report: dict[str, Any]) -> str:
-  rows = ['| phase | wall s | peak RSS MB | bytes written | floor s | wall / floor |',
-          '| --- | ---: | ---: | ---: | ---: | ---: |']
+  rows = ['| phase | wall s | peak RSS MB | bytes written | floor s | wall / floor | '
+          'matching floor s | wall / matching |',
+          '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
   for p in report['phases']:
-    floor = p.get('floor_s')
     size = ('-' if p['bytes'] is None else f'{p["bytes"] / 2**30:.2f} GiB'
             if p['bytes'] >= 2**30 else f'{p["bytes"] / 2**20:.1f} MiB')
+    floors = [(f'{p[k]:.1f} | {p["wall_s"] / p[k]:.1f}x' if p.get(k) else '- | -')
+              for k in ('floor_s', 'matching_floor_s')]
     rows.append(f'| {p["phase"]} | {p["wall_s"]:.0f} | {p["peak_rss_mb"]:.0f} | {size} | '
-                + (f'{floor:.1f} | {p["wall_s"] / floor:.1f}x |' if floor else '- | - |'))
+                f'{floors[0]} | {floors[1]} |')
   return '\n'.join(rows)
 
 
