@@ -155,6 +155,13 @@ def load_config(name: str, overrides: Sequence[str] = (), variant: str | None = 
   return config
 
 
+def compiled_flops(compiled: Any) -> float:
+  """XLA's FLOP count (cost analysis) of a compiled program (one dict, or a list of one)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost['flops'])
+
+
 def flops_per_query(spec: ModelSpec, config_model: Any, params: Any,
                     queries: Mapping[str, np.ndarray], size: int) -> float:
   """Matching FLOPs per query against `size` videos: XLA's cost analysis of the jitted `score`.
@@ -171,6 +178,4 @@ def flops_per_query(spec: ModelSpec, config_model: Any, params: Any,
                            for name, s in spec.stored_per_video(config_model).items()}, sep='/')
   rngs = score_keys(spec, 0)
   score = jax.jit(lambda p, q, s: module.apply({'params': p}, q, s, method='score', rngs=rngs))
-  cost = score.lower(params, encoded, stored).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost['flops']) / count
+  return compiled_flops(score.lower(params, encoded, stored).compile()) / count

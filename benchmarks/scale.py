@@ -60,8 +60,8 @@ from absl import flags
 import jax
 import numpy as np
 
-from common import (ROOT, flops_per_query, load_config, machine,  # benchmarks/common.py
-                    matmul_peak_gflops)
+from common import (ROOT, compiled_flops, flops_per_query,  # benchmarks/common.py
+                    load_config, machine, matmul_peak_gflops)
 
 _FRACTION = flags.DEFINE_float('fraction', 0.01, 'Share of TVR\'s videos and captions.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for the release, shards, run and index '
@@ -181,7 +181,7 @@ def matching_gflop(config: Any, num_queries: int, num_videos: int) -> float:
 def evaluation_gflop(config: Any, num_queries: int, num_videos: int) -> dict[str, float]:
   """GFLOPs of evaluating `num_queries` captions against `num_videos` videos, by phase: XLA's
   cost analysis of the jitted `encode_videos` (counted on 8 videos), `encode_queries` (8
-  queries) and `score` (`retrieval.flops_per_query` against the whole gallery)."""
+  queries) and `score` (`common.flops_per_query` against the whole gallery)."""
   from prvr_jax import models  # pylint: disable=g-import-not-at-top
   spec = models.get_spec(config.model)
   module, params = spec.build(config.model), spec.param_shapes(config.model)
@@ -192,9 +192,7 @@ def evaluation_gflop(config: Any, num_queries: int, num_videos: int) -> dict[str
   def flops(method: str, keys: Sequence[str]) -> float:
     inputs = {k: batch[k] for k in keys}
     apply = jax.jit(lambda p, x: module.apply({'params': p}, x, method=method))
-    cost = apply.lower(params, inputs).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return float(cost['flops']) / count
+    return compiled_flops(apply.lower(params, inputs).compile()) / count
 
   queries = {k: batch[k] for k in query_keys}
   return {'encode_videos': flops('encode_videos', video_keys) * num_videos / 1e9,
@@ -205,9 +203,10 @@ def evaluation_gflop(config: Any, num_queries: int, num_videos: int) -> dict[str
 
 def train_and_evaluate(work: str, config_file: str, config_args: Sequence[str],
                        data: Sequence[str], test: Any, peak: float, rates: dict[str, float],
-                       phases: list[dict[str, Any]]) -> Any:
+                       phases: list[dict[str, Any]]) -> tuple[Any, str]:
   """The train and evaluate phases of one config file[:variant] on the prepared shards, with
-  the evaluation's floors (module docstring) and phase times; returns its config."""
+  the evaluation's floors (module docstring) and phase times; returns its config and run
+  folder."""
   path, _, variant = config_file.partition(':')
   name = os.path.basename(path).removesuffix('.py')
   tag, suffix = ('', '') if config_file == _CONFIG.value else (f' ({name})', f'_{name}')
@@ -228,7 +227,7 @@ def train_and_evaluate(work: str, config_file: str, config_args: Sequence[str],
   phases[-1]['gflop'] = {**arithmetic, 'matching': matching}
   with open(os.path.join(eval_dir, 'metrics.json'), encoding='utf-8') as f:
     phases[-1]['timings'] = json.load(f).get('timings', {})
-  return config
+  return config, train_dir
 
 
 def run(work: str) -> dict[str, Any]:
@@ -252,8 +251,7 @@ def run(work: str) -> dict[str, Any]:
                                          f'--fraction={_FRACTION.value}', f'--seed={_SEED.value}',
                                          f'--workdir={work}'], os.path.join(work, 'tvr')))
     release_dir = os.path.join(work, 'tvr')
-  shards, train_dir = os.path.join(work, 'shards'), os.path.join(work, 'run')
-  index_dir = os.path.join(work, 'index')
+  shards, index_dir = os.path.join(work, 'shards'), os.path.join(work, 'index')
   from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   data = [f'--config.data.dir={shards}']
   phases.append(run_phase('prepare', [python, '-m', 'prvr_jax.tools.prepare', *config_args,
@@ -263,7 +261,8 @@ def run(work: str) -> dict[str, Any]:
   phases[-1]['floor_s'] = (release_bytes / 2**20 / rates['read_mb_s']
                            + phases[-1]['bytes'] / 2**20 / rates['write_mb_s'])
   test = pipeline.open_shards(shards).split('test')
-  config = train_and_evaluate(work, _CONFIG.value, config_args, data, test, peak, rates, phases)
+  config, train_dir = train_and_evaluate(work, _CONFIG.value, config_args, data, test, peak,
+                                         rates, phases)
   for other in _ALSO.value:
     other_args = [f'--config={other}', *config_args[1:]]
     train_and_evaluate(work, other, other_args, data, test, peak, rates, phases)
