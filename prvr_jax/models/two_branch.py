@@ -64,6 +64,16 @@ class TwoBranchModel(TextMass, SharedFields):
     return (self.frame_similarity(queries, videos, cosine=True),
             self.frame_similarity(queries, videos, cosine=False))
 
+  def training_videos(self, videos: Batch, deterministic: bool) -> dict[str, jax.Array]:
+    """The video encodings the training forward scores: `encode_videos`'s (MS-SL trains on the
+    encodings its stored tables are made from)."""
+    return self.encode_videos(videos, deterministic)
+
+  def clip_set(self, videos: Mapping[str, jax.Array]) -> jax.Array:
+    """`[B, L, D]`: the clips the clip branch takes its max over (the stored `clips`; MS-SL
+    stores its 32 clips and forms its multi-scale clips from them here)."""
+    return videos['clips']
+
   def branch_weights(self) -> dict[str, float]:
     """The fusion weights: {'clip': clip_score_weight, 'frame': frame_score_weight}."""
     return {'clip': self.clip_score_weight, 'frame': self.frame_score_weight}
@@ -77,7 +87,7 @@ class TwoBranchModel(TextMass, SharedFields):
     (with text mass: `text_mass_score`)."""
     if self.stochastic_text:
       return self.text_mass_score(queries, videos)
-    return self._fuse(max_similarity(queries, videos['clips'], cosine=True),
+    return self._fuse(max_similarity(queries, self.clip_set(videos), cosine=True),
                       self.frame_similarity(queries, videos, cosine=True))
 
   def _fuse(self, clip_scores: jax.Array, frame_scores: jax.Array) -> jax.Array:
@@ -91,7 +101,7 @@ class TwoBranchModel(TextMass, SharedFields):
     depend on it, MS-SL's `[Q, Q]` frame matrices)."""
     del own
     if branch == 'clip':
-      return max_similarities(queries, videos['clips'])
+      return max_similarities(queries, self.clip_set(videos))
     return self.frame_similarities(queries, videos)
 
   def training_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array],
@@ -107,13 +117,13 @@ class TwoBranchModel(TextMass, SharedFields):
     for the triplet terms, raw dots for InfoNCE), the fused `scores` (`training_scores`) and
     the embeddings the other terms need. With text mass the training matrices score the
     stochastic queries, `<branch>_support_{scores,logits}` the support queries."""
-    videos = self.encode_videos(batch, deterministic)
+    videos = self.training_videos(batch, deterministic)
     queries = self.encode_queries(batch, deterministic)
     # A second encoding with its own dropout mask feeds QDL and OM, as in the official code.
     queries_aux = self.encode_queries(batch, deterministic)
     own = batch['query_video']
     scored, support = self.text_mass_training(queries, videos, own, deterministic)
-    out = {'queries': queries, 'queries_aux': queries_aux, 'clips': videos['clips']}
+    out = {'queries': queries, 'queries_aux': queries_aux, 'clips': self.clip_set(videos)}
     for branch in ('clip', 'frame'):
       out[f'{branch}_scores'], out[f'{branch}_logits'] = self.training_similarities(
           branch, scored[branch], videos, own)

@@ -29,28 +29,52 @@ def test_exhaustive_clips_are_every_average_pool_in_official_order():
 
 
 def test_key_clip_guided_attention_equals_the_unfolded_official_form():
-  """Folding W_k onto the key and W_v after the pooling is the same function as projecting
-  every frame first (official), padded frames excluded."""
+  """Both forms of KCGA are the official function (project every frame, attend with the key),
+  padded frames excluded: one key per video (`__call__`), and keys that are multi-scale clips
+  attending from the per-video tables (`tables`, `key_clip_attention`)."""
   rng = np.random.default_rng(1)
-  q, b, l, d = 3, 4, 10, 16
-  keys = rng.normal(size=(q, b, d)).astype(np.float32)
+  q, b, c, l, d = 3, 4, 5, 10, 16
+  clips = rng.normal(size=(b, c, d)).astype(np.float32)
   frames = rng.normal(size=(b, l, d)).astype(np.float32)
   lengths = np.array([10, 7, 1, 4])
   mask = (np.arange(l)[None] < lengths[:, None]).astype(np.float32)
   frames[mask == 0] = 1e3  # padding must not leak
+  proposals = rng.integers(0, multiscale.num_proposals(c), size=(q, b))
+  weights = multiscale.averaging_matrix(c)[proposals]  # [q, b, c]
   module = layers.KeyClipGuidedAttention(d)
-  params = module.init(jax.random.key(0), keys, frames, mask)
-  got = np.asarray(jax.jit(module.apply)(params, keys, frames, mask))
+  params = module.init(jax.random.key(0), clips[:, 0], frames, mask)
+
+  @jax.jit
+  def attend(params, clips, frames, mask, weights):
+    logits, values = module.apply(params, clips, frames, method='tables')
+    return (multiscale.key_clip_attention(weights, logits, values, mask),
+            module.apply(params, jnp.einsum('bl,bld->bd', weights[0], clips), frames, mask))
+
+  from_tables, one_key = (np.asarray(x) for x in attend(params, clips, frames, mask, weights))
   wk = np.asarray(params['params']['key'], np.float64)
   wv = np.asarray(params['params']['value'], np.float64)
   expected = np.zeros((q, b, d))
   for i in range(q):
     for v in range(b):
+      start, stop = multiscale.proposal_span(int(proposals[i, v]), c)
+      key = clips[v, start:stop].astype(np.float64).mean(0)
       f = frames[v, :lengths[v]].astype(np.float64)
-      logits = (f @ wk) @ keys[i, v]
+      logits = (f @ wk) @ key
       a = np.exp(logits - logits.max())
       expected[i, v] = (a / a.sum()) @ (f @ wv)
-  support.assert_close(got, expected, support.f32_rtol(d, ops=3))
+  rtol = support.f32_rtol(d, ops=3)
+  support.assert_close(from_tables, expected, rtol)
+  support.assert_close(one_key, expected[0], rtol)
+
+
+def test_inverse_norms_of_the_multiscale_clips_from_the_gram_matrix():
+  x = np.random.default_rng(2).normal(size=(3, 32, 8)).astype(np.float32)
+  x[1] = 0  # a padded video: zero clips, the norm floor's inverse
+  got = np.asarray(jax.jit(multiscale.exhaustive_clip_inverse_norms)(x))
+  proposals = np.einsum('pl,bld->bpd', multiscale.averaging_matrix(32).astype(np.float64), x)
+  expected = 1 / np.maximum(np.linalg.norm(proposals, axis=-1), 1e-12)
+  support.assert_close(got[[0, 2]], expected[[0, 2]], support.f32_rtol(32, ops=3))
+  support.assert_close(got[1], expected[1], support.f32_rtol(1))
 
 
 def ref_span_masks(centers, widths, length):

@@ -39,11 +39,16 @@ def test_ms_sl_scores_do_not_depend_on_chunks_or_gallery_split():
   support.assert_close(split, reference, rtol)
 
   # The frame score of a pair is the KCGA keyed by the query's best multi-scale clip of that
-  # video: recomputed here pair by pair with numpy.
+  # video: recomputed here pair by pair with numpy from the encoded frames, the official way.
   p = jax.device_get(params)['key_clip_attention']
   n = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-  clips, frames, mask = (np.asarray(videos[k], np.float64)
-                         for k in ('clips', 'frames', 'frame_mask'))
+  encoded_frames = jax.jit(lambda v, f, m: module.apply(
+      v, f, m, method=lambda model, f, m: model.frame(f, m)))(
+          v, batch['frame_feats'], batch['frame_mask'])
+  frames, mask = np.asarray(encoded_frames, np.float64), np.asarray(videos['frame_mask'])
+  clips = np.stack([np.concatenate(
+      [np.stack([c[s:s + k].mean(0) for s in range(len(c) - k + 1)]) for k in
+       range(1, len(c) + 1)]) for c in np.asarray(videos['clips'], np.float64)])
   q = np.asarray(queries, np.float64)
   expected = np.zeros((10, 5))
   for i in range(10):
@@ -51,7 +56,7 @@ def test_ms_sl_scores_do_not_depend_on_chunks_or_gallery_split():
       cos = n(clips[b]) @ n(q[i])
       key = clips[b, np.argmax(cos)]
       real = frames[b][mask[b] > 0]
-      logits = real @ (np.asarray(p['key'], np.float64) @ key)
+      logits = (real @ np.asarray(p['key'], np.float64)) @ key
       a = np.exp(logits - logits.max())
       attended = (a / a.sum()) @ real @ np.asarray(p['value'], np.float64)
       expected[i, b] = 0.7 * cos.max() + 0.3 * n(attended) @ n(q[i])

@@ -49,11 +49,12 @@ DIMS = {
     'map_size': 'num_clips', 'event_size': 'num_spans',
 }
 # Per model: (fixture out key, our encoding / training-output key) pairs compared on the real
-# rows; 'frames' rows of MS-SL are compared up to the batch's padded length.
+# rows; MS-SL's frame tables are compared up to the batch's padded length (`_ms_sl_tables`).
 ENCODINGS = {
     'gmmformer': [('clips', 'clips'), ('video', 'video')],
     'gmmformer_v2': [('clips', 'clips'), ('frames', 'frames')],
-    'ms_sl': [('proposals', 'clips'), ('frames', 'frames')],
+    'ms_sl': [('proposals', 'proposals'), ('frame_logits', 'frame_logits'),
+              ('frame_values', 'frame_values')],
     'amdnet': [('clips', 'clips')],
 }
 TRAINING = {
@@ -161,11 +162,33 @@ def _rows(ours, expected, nv, nq):
   return ours[:, :expected.shape[1]] if ours.ndim == 3 else ours
 
 
+def _ms_sl_tables(videos, fixture, prefix, params):
+  """MS-SL stores its clips and KCGA tables, the official code its proposals and frames:
+  ours with `proposals` (our multi-scale clips) and frame tables cut to the official padded
+  length; the fixture with the tables the official proposals (the first 32 are the clips) and
+  frames give under our converted kernels."""
+  proposals, frames = (np.asarray(fixture[f'{prefix}/out/{k}'], np.float64)
+                       for k in ('proposals', 'frames'))
+  kcga = {k: np.asarray(v, np.float64) for k, v in params['key_clip_attention'].items()}
+  num_clips, length = videos['clips'].shape[1], frames.shape[1]
+  fixture = {**fixture,
+             f'{prefix}/out/frame_logits': np.einsum(
+                 'bcd,btd->bct', proposals[:, :num_clips] @ kcga['key'].T, frames),
+             f'{prefix}/out/frame_values': frames @ kcga['value']}
+  videos = {'proposals': np.asarray(models.get_model(_setup('ms_sl')[0].model).apply(
+      {'params': params}, videos, method='clip_set')),
+            'frame_logits': videos['frame_logits'][..., :length],
+            'frame_values': videos['frame_values']}
+  return videos, fixture
+
+
 @pytest.mark.parametrize('name', MODELS)
 @pytest.mark.parametrize('prefix', ['b1', 'b2'])
 def test_forward_scores_and_losses(name, prefix):
-  _, _, _, fixture = _setup(name)
+  _, _, params, fixture = _setup(name)
   ours, nv, nq = _run(name, prefix)
+  if name == 'ms_sl':
+    ours['videos'], fixture = _ms_sl_tables(ours['videos'], fixture, prefix, params)
   out = lambda key: fixture[f'{prefix}/out/{key}']
   rtol = lambda key: SPAN_RTOL if name == 'amdnet' and key in ('masks', 'proposals') else (
       PARITY_RTOL)

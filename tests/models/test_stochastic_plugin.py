@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from prvr_jax import config_lib, models
+from prvr_jax.layers import multiscale
 from prvr_jax.models.spec import LossContext, match_paths, path_of
 import support
 
@@ -30,7 +31,8 @@ INVARIANCE_MODELS = ('ms_sl', 'protoprvr')
 COMPILED_MODELS = INVARIANCE_MODELS
 # Each model's max-over-set branches: stored pytree -> branch -> `[B, L, D]`.
 SETS = {
-    'ms_sl': lambda s: {'clip': s['clips']},
+    'ms_sl': lambda s: {'clip': np.einsum('pl,bld->bpd', multiscale.averaging_matrix(
+        s['clips'].shape[1]).astype(np.float64), np.asarray(s['clips'], np.float64))},
     'gmmformer': lambda s: {'clip': s['clips'], 'frame': s['video'][:, None]},
     'gmmformer_v2': lambda s: {'clip': s['clips'], 'frame': s['frames']},
     'protoprvr': lambda s: {b: s[f'{b}_prototypes'] for b in ('clip', 'frame')},
@@ -157,7 +159,7 @@ def test_scores_are_an_explicit_max_over_samples_and_elements(name):
     deterministic = np.asarray(off.apply({'params': params}, out['queries'], stored,
                                          method='score'), np.float64)
     clip = np.einsum('qd,bld->qbl', _unit(np.asarray(out['queries'], np.float64)),
-                     _unit(np.asarray(stored['clips'], np.float64))).max(-1)
+                     _unit(SETS['ms_sl'](stored)['clip'])).max(-1)
     expected = expected + deterministic - config.model.clip_score_weight * clip
   # O(1) cosines from reductions over D = 32 and a few elementwise steps.
   support.assert_close(out['scores'], expected, support.f32_rtol(config.model.hidden_dim, ops=8))

@@ -7,7 +7,9 @@ projection -> positional encoding -> one masked attention block over the frames 
 
 Scores: S_c = max over the multi-scale clips of the cosine; S_f = cosine of the query with the
 key-clip guided attention (KCGA) over the video's frames, keyed by the query's best clip of
-that video. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
+that video. Stored per video: the 32 clips and the KCGA tables of the frames
+(`KeyClipGuidedAttention`), about a quarter of the multi-scale clips' and frames' floats; a
+pair's score then costs no `[D, D]` projection. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
 frame matrix is `[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
 
 Text mass (`stochastic_text`) applies to the clip branch only: the frame score is a cosine with
@@ -24,7 +26,8 @@ import jax.numpy as jnp
 
 from prvr_jax.layers import KeyClipGuidedAttention, QueryEncoder, SequenceEncoder
 from prvr_jax.layers import exhaustive_clips
-from prvr_jax.layers.multiscale import averaging_matrix, key_clip_attention
+from prvr_jax.layers.multiscale import averaging_matrix, exhaustive_clip_inverse_norms
+from prvr_jax.layers.multiscale import key_clip_attention
 from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
 from prvr_jax.ops import l2_normalize, set_cosines_and_dots, set_similarities
@@ -36,7 +39,7 @@ class MSSL(TwoBranchModel):
 
   Attributes:
     score_query_chunk: queries scored together by `score` (the KCGA of every pair of a chunk
-      is materialised: about chunk * B * (P + L + 2 D) floats, docs/design.md).
+      is materialised: about chunk * B * (P + 2 Lc + Lf + D) floats, docs/design.md).
   """
   score_query_chunk: int = 16
 
@@ -51,24 +54,45 @@ class MSSL(TwoBranchModel):
     self.key_clip_attention = KeyClipGuidedAttention(self.hidden_dim)
     self.radius = self.text_mass_radius()
 
-  def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+  def training_videos(self, videos: Batch, deterministic: bool) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->
-    {'clips': the multi-scale clips `[B, Lc (Lc + 1) / 2, D]`, 'frames': `[B, Lf, D]`,
-    'frame_mask': `[B, Lf]`}, with text mass also `key [B]` (`video_seed`)."""
+    {'clips': the encoded clips `[B, Lc, D]`, 'multiscale_clips': their averages
+    `[B, Lc (Lc + 1) / 2, D]`, 'frames': `[B, Lf, D]`, 'frame_mask': `[B, Lf]`}, with text
+    mass also `key [B]` (`video_seed`)."""
     clips = self.clip(videos['clip_feats'], None, deterministic)
     frames = self.frame(videos['frame_feats'], videos['frame_mask'], deterministic)
-    return self.with_key({'clips': exhaustive_clips(clips), 'frames': frames,
-                          'frame_mask': videos['frame_mask']}, videos)
+    return self.with_key({'clips': clips, 'multiscale_clips': exhaustive_clips(clips),
+                          'frames': frames, 'frame_mask': videos['frame_mask']}, videos)
+
+  def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
+    """`training_videos`' encodings less the multi-scale clips (`clip_set` forms them from the
+    clips), with the frames replaced by their KCGA tables:
+    'frame_logits', each clip as a key against the frames `[B, Lc, Lf]`, and 'frame_values'
+    `[B, Lf, D]` (`KeyClipGuidedAttention.tables`)."""
+    return self._with_tables(self.training_videos(videos, deterministic))
+
+  def _with_tables(self, encoded: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    stored = {k: v for k, v in encoded.items() if k not in ('frames', 'multiscale_clips')}
+    stored['frame_logits'], stored['frame_values'] = self.key_clip_attention.tables(
+        encoded['clips'], encoded['frames'])
+    return stored
+
+  def clip_set(self, videos: Mapping[str, jax.Array]) -> jax.Array:
+    """The multi-scale clips `[B, Lc (Lc + 1) / 2, D]`: the training encodings hold them, the
+    stored ones only their clips."""
+    if 'multiscale_clips' in videos:
+      return videos['multiscale_clips']
+    return exhaustive_clips(videos['clips'])
 
   def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    return {'clip': videos['clips']}
+    return {'clip': self.clip_set(videos)}
 
   def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
     """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`}, at
     each of the Lc clip positions the best cosine of the multi-scale clips covering it; its
     max over the positions is the pair's clip score S_c."""
     proposals = position_scores(self.encode_queries(queries),
-                                self.encode_videos(videos)['clips'])  # [Q, P]
+                                self.clip_set(self.encode_videos(videos)))  # [Q, P]
     covers = jnp.asarray(averaging_matrix(videos['clip_feats'].shape[1]) > 0)  # [P, Lc]
     return {'clip cosine': jnp.max(jnp.where(covers, proposals[..., None], -jnp.inf), axis=1)}
 
@@ -84,17 +108,22 @@ class MSSL(TwoBranchModel):
     return min(self.score_query_chunk, queries.shape[0])
 
   def _chunked_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
-    """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f."""
-    clips, frames, frame_mask = (jnp.asarray(videos[k]) for k in ('clips', 'frames', 'frame_mask'))
-    key_kernel = self.key_clip_attention.key_kernel
-    value_kernel = self.key_clip_attention.value_kernel
-    video_rows = jnp.arange(clips.shape[0])[None]
+    """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f.
+
+    A multi-scale clip's cosine is its averaging row applied to the query's dot products with
+    the Lc clips, times the clip's inverse norm (from the clips' Gram matrix): the
+    `[B, P, D]` multi-scale clips are never built."""
+    clips, logits, values, frame_mask = (jnp.asarray(videos[k]) for k in (
+        'clips', 'frame_logits', 'frame_values', 'frame_mask'))
+    matrix = jnp.asarray(averaging_matrix(clips.shape[1]), clips.dtype)  # [P, Lc]
+    inverse_norms = exhaustive_clip_inverse_norms(clips)  # [B, P]
 
     def chunk(q):  # [c, D]
-      cosines = set_similarities(q, clips, cosine=True)  # [c, B, P]
-      keys = clips[video_rows, jnp.argmax(cosines, axis=-1)]  # [c, B, D]
-      attended = key_clip_attention(keys, frames, frame_mask, key_kernel, value_kernel)
-      frame_scores = jnp.einsum('cbd,cd->cb', l2_normalize(attended), l2_normalize(q))
+      q = l2_normalize(q)
+      cosines = (set_similarities(q, clips, cosine=False) @ matrix.T) * inverse_norms
+      key_weights = matrix[jnp.argmax(cosines, axis=-1)]  # [c, B, Lc]
+      attended = key_clip_attention(key_weights, logits, values, frame_mask)
+      frame_scores = jnp.einsum('cbd,cd->cb', l2_normalize(attended), q)
       if self.stochastic_text:
         return self.frame_score_weight * frame_scores
       return self._fuse(jnp.max(cosines, axis=-1), frame_scores)
@@ -113,18 +142,18 @@ class MSSL(TwoBranchModel):
     branch keeps the deterministic query)."""
     if branch == 'clip':
       return super().training_similarities(branch, queries, videos, own)
-    clips = videos['clips']
-    cosines, _ = set_cosines_and_dots(queries, clips)
+    cosines, _ = set_cosines_and_dots(queries, self.clip_set(videos))
     best = jnp.argmax(jnp.take_along_axis(cosines, own[:, None, None], axis=1)[:, 0], axis=-1)
-    keys = clips[own, best]  # [Q, D]: each query's key clip in its own video
-    attended = self.key_clip_attention(keys[None], videos['frames'][own],
-                                       videos['frame_mask'][own])[0]
+    keys = self.clip_set(videos)[own, best]  # [Q, D]: each query's key clip in its own video
+    attended = self.key_clip_attention(keys, videos['frames'][own], videos['frame_mask'][own])
     return l2_normalize(queries) @ l2_normalize(attended).T, queries @ attended.T
 
   def training_scores(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                       out: Mapping[str, jax.Array], deterministic: bool) -> jax.Array:
-    """`score`'s `[Q, B]`; training with text mass, the weighted deterministic frame score
-    plus the weighted clip score of the stochastic queries (`out['clip_scores']`)."""
+    """`score`'s `[Q, B]` (on the batch's tables); training with text mass, the weighted
+    deterministic frame score plus the weighted clip score of the stochastic queries
+    (`out['clip_scores']`)."""
+    videos = self._with_tables(videos)
     if self.stochastic_text and not deterministic:
       return (self._chunked_scores(queries, videos)
               + self.clip_score_weight * out['clip_scores'])
