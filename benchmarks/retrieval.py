@@ -30,7 +30,9 @@ Galleries: `--base_videos` random videos of the config's shapes are encoded once
 model's `encode_videos` (timed: encode time per video); row r of a gallery is base row
 r mod N times (1 + eps z), z a standard-normal pattern drawn per block r // N (block 0 is the
 base itself), eps = `--perturbation`; masks are copied and T-MASS's noise key is the row
-number. So every row is distinct, a gallery of any size costs one multiply per value, and a
+number. MS-SL's rows are its encoded clips and frames (`training_videos`), made into its stored
+key-clip attention tables after the perturbation (`stored_form`), so that the official path,
+which projects the frames itself, scores the same videos. So every row is distinct, a gallery of any size costs one multiply per value, and a
 smaller gallery is a prefix of a larger one: one index is written per model and storage dtype,
 at the largest size stored in that dtype, and the smaller sizes search its prefixes.
 An index is float32 when it fits in `--memory_fraction` of the available memory (and free
@@ -59,6 +61,7 @@ import numpy as np
 from prvr_jax import models
 from prvr_jax.index import Index, IndexWriter, Searcher
 from prvr_jax.index import store
+from prvr_jax.layers.multiscale import averaging_matrix
 from prvr_jax.models.spec import ModelSpec
 
 from common import (DEFAULT_VARIANT, ROOT, VARIANTS,  # benchmarks/common.py
@@ -138,8 +141,10 @@ def random_queries(config_model: Any, query_keys: Sequence[str], count: int,
 
 def encode_base(spec: ModelSpec, config: ml_collections.ConfigDict, params: Any, count: int,
                 rng: np.random.Generator) -> tuple[dict[str, np.ndarray], float]:
-  """(`count` random videos of the config's shapes encoded by `encode_videos`, as 'a/b' leaf
-  -> host rows; seconds per video, compilation excluded)."""
+  """(`count` random videos of the config's shapes encoded as the stored form is made from
+  (`training_videos`, `stored_form`: MS-SL's encoded frames; the stored form itself for the
+  other models), as 'a/b' leaf -> host rows; seconds per video of `encode_videos`,
+  compilation excluded)."""
   cfg = config.model
   video_keys = spec.inputs(cfg)[0]
   lengths = rng.integers(cfg.max_frames // 4, cfg.max_frames + 1, size=count)
@@ -153,14 +158,18 @@ def encode_base(spec: ModelSpec, config: ml_collections.ConfigDict, params: Any,
   if len(batches[-1][video_keys[0]]) != batch:
     jax.block_until_ready(encode(params, batches[-1]))
   start = time.perf_counter()
-  parts = jax.block_until_ready([encode(params, b) for b in batches])
+  jax.block_until_ready([encode(params, b) for b in batches])
   seconds = (time.perf_counter() - start) / count
-  flat = [store.flatten_params(p) for p in parts]
-  return {k: np.concatenate([f[k] for f in flat]) for k in flat[0]}, seconds
+  if hasattr(module, 'training_videos'):
+    encode = jax.jit(lambda p, v: module.apply({'params': p}, v, True, method='training_videos'))
+  flat = [store.flatten_params(encode(params, b)) for b in batches]
+  # MS-SL's multi-scale clips are averages of its clips: `official_rows` forms them again
+  # from the perturbed clips.
+  return {k: np.concatenate([f[k] for f in flat]) for k in flat[0]
+          if k != 'multiscale_clips'}, seconds
 
 
-def gallery_blocks(base: Mapping[str, np.ndarray], leaves: Mapping[str, dict[str, Any]],
-                   size: int, eps: float, seed: int):
+def gallery_blocks(base: Mapping[str, np.ndarray], size: int, eps: float, seed: int):
   """Yields (rows, first row) blocks of `len(base)` rows of a `size`-row gallery (see the
   module docstring)."""
   n = len(next(iter(base.values())))
@@ -172,7 +181,7 @@ def gallery_blocks(base: Mapping[str, np.ndarray], leaves: Mapping[str, dict[str
       array = array[:take]
       if np.issubdtype(array.dtype, np.integer):  # T-MASS's per-video noise key
         rows[name] = np.arange(first, first + take, dtype=array.dtype)
-      elif leaves[name]['exact'] or block == 0:
+      elif store.exact_leaf(name, array.dtype) or block == 0:
         rows[name] = array
       else:
         pattern = rng.standard_normal(array.shape[1:], dtype=np.float32)
@@ -180,19 +189,31 @@ def gallery_blocks(base: Mapping[str, np.ndarray], leaves: Mapping[str, dict[str
     yield rows, first
 
 
-def write_index(folder: str, config_model: Any, params: Any, base: Mapping[str, np.ndarray],
-                size: int, dtype: str, chunk_videos: int) -> Index:
-  """A `size`-video index of `dtype` from tiled, perturbed base rows, in shards of 4 search
-  chunks (the writer holds one shard in memory)."""
-  spec = models.get_spec(config_model)
-  leaves = {name: {'exact': store.exact_leaf(name, np.dtype(s.dtype))}
-            for name, s in spec.stored_per_video(config_model).items()}
-  writer = IndexWriter(folder, config_model, params, dtype=dtype, overwrite=True,
-                       shard_videos=4 * chunk_videos, durable=False)  # deleted after use
-  for rows, first in gallery_blocks(base, leaves, size, _PERTURBATION.value, _SEED.value):
+def write_index(folder: str, model: 'Model', size: int, dtype: str) -> Index:
+  """A `size`-video index of `dtype` from tiled, perturbed base rows (made into the stored
+  form by `Model.stored_rows`), in shards of 4 search chunks (the writer holds one shard in
+  memory)."""
+  writer = IndexWriter(folder, model.config.model, model.params, dtype=dtype, overwrite=True,
+                       shard_videos=4 * model.chunk_videos, durable=False)  # deleted after use
+  for rows, first in gallery_blocks(model.base, size, _PERTURBATION.value, _SEED.value):
     count = len(next(iter(rows.values())))
-    writer.add(unflatten_dict(rows, sep='/'), [f'v{r:07d}' for r in range(first, first + count)])
+    writer.add(model.stored_rows(rows), [f'v{r:07d}' for r in range(first, first + count)])
   return writer.close()
+
+
+def official_rows(model: 'Model', index: Index) -> dict[str, np.ndarray]:
+  """The gallery the official path scores: the index's rows, or for a model whose stored form
+  is made from other encodings (MS-SL's tables from its frames) those encodings of the same
+  gallery, regenerated from the base."""
+  if set(model.base) == set(index.leaves):
+    return index_rows(index)
+  parts = [rows for rows, _ in gallery_blocks(model.base, len(index), _PERTURBATION.value,
+                                                _SEED.value)]
+  rows = {k: np.concatenate([p[k] for p in parts]) for k in model.base}
+  if model.name == 'ms_sl':  # the official gallery holds the 528 multi-scale clips
+    matrix = averaging_matrix(rows['clips'].shape[1])
+    rows['clips'] = np.einsum('pl,bld->bpd', matrix, rows['clips'])
+  return rows
 
 
 def index_rows(index: Index) -> dict[str, np.ndarray]:
@@ -292,12 +313,13 @@ def query_count(flops: float) -> int:
   return count
 
 
-def run_official(official: Any, name: str, params: Any, index: Index, encoded: Any,
-                 config_model: Any, k: int) -> tuple[list[float], np.ndarray, np.ndarray]:
+def run_official(official: Any, model: 'Model', index: Index, encoded: Any,
+                 k: int) -> tuple[list[float], np.ndarray, np.ndarray]:
   """(seconds of each run, `[Q, G]` scores, `[Q, k]` rows) of the official path: scores, then
   a full argsort per query. Run `--repeats` times where the first run is shorter than
   `--long_search_s`, as ours."""
-  stored = index_rows(index)
+  name, params, config_model = model.name, model.params, model.config.model
+  stored = official_rows(model, index)
   times = []
   while len(times) < (1 if times and times[0] > _LONG_SEARCH.value else _REPEATS.value):
     start = time.perf_counter()
@@ -335,6 +357,13 @@ class Model:
   encode_seconds: float
   queries: dict[str, np.ndarray]
   flops_per_query_video: float
+  stored_form: Any  # jitted `stored_form` of the model, or None
+
+  def stored_rows(self, rows: Mapping[str, np.ndarray]) -> Any:
+    """Base rows ('a/b' leaves) -> the stored pytree."""
+    rows = unflatten_dict(dict(rows), sep='/')
+    return rows if self.stored_form is None else jax.device_get(self.stored_form(self.params,
+                                                                                 rows))
 
   @classmethod
   def build(cls, name: str) -> 'Model':
@@ -344,11 +373,15 @@ class Model:
     params = jax.jit(lambda key: spec.init_params(config.model, key))(
         jax.random.key(_SEED.value))
     base, seconds = encode_base(spec, config, params, _BASE_VIDEOS.value, rng)
+    module = spec.build(config.model)
+    stored_form = (jax.jit(lambda p, rows: module.apply({'params': p}, rows,
+                                                        method='stored_form'))
+                   if hasattr(module, 'stored_form') else None)
     queries = random_queries(config.model, spec.inputs(config.model)[1], _QUERIES.value, rng)
     # Matching FLOPs are linear in the gallery (every size of the first full run: within 0.05%
     # of 1,000-video count scaled): counted once, not compiled again per size.
     flops = flops_per_query(spec, config.model, params, queries, FLOPS_VIDEOS) / FLOPS_VIDEOS
-    return cls(name, config, spec, params, base, seconds, queries, flops)
+    return cls(name, config, spec, params, base, seconds, queries, flops, stored_form)
 
   @property
   def bytes_per_video(self) -> int:
@@ -377,7 +410,6 @@ def measure_point(model: Model, point: dict[str, Any], index: Index, official: A
   """Every number of one model at one gallery size (`index`), into `point`.
   `history['official']`: the official path's seconds per (video, query) at the last size it
   ran, to predict this one."""
-  cfg = model.config.model
   size, count, dtype = point['videos'], point['queries'], index.dtype
   label = f'{model.name} {size:,}'
   point.update(dtype=dtype, bytes_per_video=index.manifest['bytes_per_video'])
@@ -408,8 +440,7 @@ def measure_point(model: Model, point: dict[str, Any], index: Index, official: A
     point['official_skipped'] = skip
     print(f'{label}: official path skipped ({skip})', flush=True)
   else:
-    times, scores, rows = run_official(official, model.name, model.params, index, encoded, cfg,
-                                       min(_K.value, size))
+    times, scores, rows = run_official(official, model, index, encoded, min(_K.value, size))
     seconds = float(np.median(times))
     history['official'] = seconds / size / official_count
     point.update(official_queries=official_count, official_s=times,
@@ -452,8 +483,7 @@ def measure_model(name: str, sizes: Sequence[int], official: Any, floor: Mapping
     largest = group[-1][0]
     folder = os.path.join(index_dir, f'{name}_{largest}')
     write_start = time.perf_counter()
-    index = write_index(folder, model.config.model, model.params, model.base, largest, dtype,
-                        model.chunk_videos)
+    index = write_index(folder, model, largest, dtype)
     points[-1]['index_write_s'] = time.perf_counter() - write_start
     for point in points:
       if point['videos'] < largest:

@@ -13,8 +13,8 @@ Layout of an index folder (written by `IndexWriter`, read by `open_index`):
   shards/00000/ids.json      the shard's video ids, in row order
 
 Storage dtypes: 'float32' (exact), 'bfloat16', or 'int8' with one scale per vector (the last
-axis): `x ~ q * scale`, `scale = max|x| / 127`. Masks (leaves named `*mask`) and integer
-leaves (the per-video noise seed) are always stored exactly.
+axis): `x ~ q * scale`, `scale = max|x| / 127`. Masks (leaves named `*mask`), per-vector
+norms (`*norms`) and integer leaves (the per-video noise seed) are always stored exactly.
 
 A gallery larger than host memory is built shard by shard: `IndexWriter.add` holds at most one
 shard of rows in memory, and a search reads the shards through memory maps, chunk by chunk.
@@ -56,8 +56,10 @@ class IndexFormatError(ValueError):
 
 
 def exact_leaf(name: str, dtype: np.dtype) -> bool:
-  """Whether a stored leaf keeps its values exactly at any storage dtype (masks, integers)."""
-  return name.split('/')[-1].endswith('mask') or not np.issubdtype(dtype, np.floating)
+  """Whether a stored leaf keeps its values exactly at any storage dtype: masks, integers and
+  per-vector norms (`*norms`: one scalar per vector, not a vector to quantize)."""
+  return (name.split('/')[-1].endswith(('mask', 'norms'))
+          or not np.issubdtype(dtype, np.floating))
 
 
 def leaf_file(name: str) -> str:

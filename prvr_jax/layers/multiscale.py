@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from prvr_jax.layers.attention import dense_init
-from prvr_jax.ops import NORMALIZE_EPS
 
 # `masked_fill(mask == 0, -1e9)` of the official key-clip guided attention.
 KCGA_MASKED_LOGIT = -1e9
@@ -53,15 +52,6 @@ def exhaustive_clips(clips: jax.Array) -> jax.Array:
   """`[B, L, D] -> [B, L (L + 1) / 2, D]`: all multi-scale average pools (official order)."""
   matrix = jnp.asarray(averaging_matrix(clips.shape[-2]), clips.dtype)
   return jnp.einsum('pl,bld->bpd', matrix, clips)
-
-
-def exhaustive_clip_inverse_norms(clips: jax.Array, eps: float = NORMALIZE_EPS) -> jax.Array:
-  """`[B, L, D] -> [B, L (L + 1) / 2]`: 1 / max(||p||, eps) of every multi-scale clip p, from
-  the clips' Gram matrix (||A_p C||^2 = A_p C C^T A_p^T) instead of the clips themselves."""
-  matrix = jnp.asarray(averaging_matrix(clips.shape[-2]), clips.dtype)
-  gram = jnp.einsum('bld,bmd->blm', clips, clips)
-  squared = jnp.sum(jnp.einsum('pl,blm->bpm', matrix, gram) * matrix, axis=-1)
-  return jax.lax.rsqrt(jnp.maximum(squared, eps * eps))
 
 
 def _frame_weights(logits: jax.Array, frame_mask: jax.Array) -> jax.Array:

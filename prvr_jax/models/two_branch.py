@@ -69,6 +69,11 @@ class TwoBranchModel(TextMass, SharedFields):
     encodings its stored tables are made from)."""
     return self.encode_videos(videos, deterministic)
 
+  def stored_form(self, encoded: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """What `encode_videos` keeps of `training_videos`' encodings: all of them by default
+    (MS-SL replaces its frames by the key-clip attention's tables)."""
+    return dict(encoded)
+
   def clip_set(self, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[B, L, D]`: the clips the clip branch takes its max over (the stored `clips`; MS-SL
     stores its 32 clips and forms its multi-scale clips from them here)."""

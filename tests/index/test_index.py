@@ -116,6 +116,11 @@ def test_quantization_bounds():
   bf16 = np.asarray(store.dequantize(store.quantize(x, 'bfloat16')['values'], None, 'bfloat16'))
   support.assert_close(bf16, x, rtol=2.0 ** -8, scale=0)
   assert store.quantize(x, 'float32')['values'] is not None
+  # Masks, per-vector norms (MS-SL's) and integers are stored exactly; vectors are quantized.
+  assert store.exact_leaf('frame_mask', np.dtype(np.float32))
+  assert store.exact_leaf('multiscale_inverse_norms', np.dtype(np.float32))
+  assert store.exact_leaf('key', np.dtype(np.int32))
+  assert not store.exact_leaf('frame_values', np.dtype(np.float32))
 
 
 def _writer_index(path, config, params, stored, ids, pieces, shard_videos, dtype, durable=True):

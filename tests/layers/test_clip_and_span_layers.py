@@ -67,16 +67,6 @@ def test_key_clip_guided_attention_equals_the_unfolded_official_form():
   support.assert_close(one_key, expected[0], rtol)
 
 
-def test_inverse_norms_of_the_multiscale_clips_from_the_gram_matrix():
-  x = np.random.default_rng(2).normal(size=(3, 32, 8)).astype(np.float32)
-  x[1] = 0  # a padded video: zero clips, the norm floor's inverse
-  got = np.asarray(jax.jit(multiscale.exhaustive_clip_inverse_norms)(x))
-  proposals = np.einsum('pl,bld->bpd', multiscale.averaging_matrix(32).astype(np.float64), x)
-  expected = 1 / np.maximum(np.linalg.norm(proposals, axis=-1), 1e-12)
-  support.assert_close(got[[0, 2]], expected[[0, 2]], support.f32_rtol(32, ops=3))
-  support.assert_close(got[1], expected[1], support.f32_rtol(1))
-
-
 def ref_span_masks(centers, widths, length):
   """Official generate_v_gauss_weight, the 1/(width sqrt(2 pi)) factor included."""
   pos = np.linspace(0, 1, length)

@@ -7,8 +7,8 @@ projection -> positional encoding -> one masked attention block over the frames 
 
 Scores: S_c = max over the multi-scale clips of the cosine; S_f = cosine of the query with the
 key-clip guided attention (KCGA) over the video's frames, keyed by the query's best clip of
-that video. Stored per video: the 32 clips and the KCGA tables of the frames
-(`KeyClipGuidedAttention`), about a quarter of the multi-scale clips' and frames' floats; a
+that video. Stored per video: the 32 clips, the inverse norms of the multi-scale clips
+and the KCGA tables of the frames (`KeyClipGuidedAttention`), about a quarter of the multi-scale clips' and frames' floats; a
 pair's score then costs no `[D, D]` projection. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
 frame matrix is `[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
 
@@ -26,11 +26,10 @@ import jax.numpy as jnp
 
 from prvr_jax.layers import KeyClipGuidedAttention, QueryEncoder, SequenceEncoder
 from prvr_jax.layers import exhaustive_clips
-from prvr_jax.layers.multiscale import averaging_matrix, exhaustive_clip_inverse_norms
-from prvr_jax.layers.multiscale import key_clip_attention
+from prvr_jax.layers.multiscale import averaging_matrix, key_clip_attention
 from prvr_jax.models.spec import Batch, position_scores
 from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import l2_normalize, set_cosines_and_dots, set_similarities
+from prvr_jax.ops import inverse_norm, l2_normalize, set_cosines_and_dots, set_similarities
 
 
 class MSSL(TwoBranchModel):
@@ -66,13 +65,16 @@ class MSSL(TwoBranchModel):
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`training_videos`' encodings less the multi-scale clips (`clip_set` forms them from the
-    clips), with the frames replaced by their KCGA tables:
+    clips; 'multiscale_inverse_norms' `[B, Lc (Lc + 1) / 2]` keeps their inverse norms), with
+    the frames replaced by their KCGA tables:
     'frame_logits', each clip as a key against the frames `[B, Lc, Lf]`, and 'frame_values'
     `[B, Lf, D]` (`KeyClipGuidedAttention.tables`)."""
-    return self._with_tables(self.training_videos(videos, deterministic))
+    return self.stored_form(self.training_videos(videos, deterministic))
 
-  def _with_tables(self, encoded: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  def stored_form(self, encoded: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """`training_videos`' encodings -> `encode_videos`' (a function of the encodings alone)."""
     stored = {k: v for k, v in encoded.items() if k not in ('frames', 'multiscale_clips')}
+    stored['multiscale_inverse_norms'] = inverse_norm(self.clip_set(encoded))
     stored['frame_logits'], stored['frame_values'] = self.key_clip_attention.tables(
         encoded['clips'], encoded['frames'])
     return stored
@@ -111,12 +113,11 @@ class MSSL(TwoBranchModel):
     """`[Q, B]` fused scores, or with text mass only frame_score_weight * S_f.
 
     A multi-scale clip's cosine is its averaging row applied to the query's dot products with
-    the Lc clips, times the clip's inverse norm (from the clips' Gram matrix): the
-    `[B, P, D]` multi-scale clips are never built."""
-    clips, logits, values, frame_mask = (jnp.asarray(videos[k]) for k in (
-        'clips', 'frame_logits', 'frame_values', 'frame_mask'))
+    the Lc clips, times its stored inverse norm: the `[B, P, D]` multi-scale clips are never
+    built."""
+    clips, inverse_norms, logits, values, frame_mask = (jnp.asarray(videos[k]) for k in (
+        'clips', 'multiscale_inverse_norms', 'frame_logits', 'frame_values', 'frame_mask'))
     matrix = jnp.asarray(averaging_matrix(clips.shape[1]), clips.dtype)  # [P, Lc]
-    inverse_norms = exhaustive_clip_inverse_norms(clips)  # [B, P]
 
     def chunk(q):  # [c, D]
       q = l2_normalize(q)
@@ -153,7 +154,7 @@ class MSSL(TwoBranchModel):
     """`score`'s `[Q, B]` (on the batch's tables); training with text mass, the weighted
     deterministic frame score plus the weighted clip score of the stochastic queries
     (`out['clip_scores']`)."""
-    videos = self._with_tables(videos)
+    videos = self.stored_form(videos)
     if self.stochastic_text and not deterministic:
       return (self._chunked_scores(queries, videos)
               + self.clip_score_weight * out['clip_scores'])
