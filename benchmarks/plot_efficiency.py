@@ -1,7 +1,9 @@
-r"""Draws docs/efficiency.png from a `benchmarks/retrieval.py` JSON.
+r"""Draws docs/efficiency.png from `benchmarks/retrieval.py` JSONs (a model measured in
+several is drawn from the last).
 
-  python3 benchmarks/plot_efficiency.py \
-      --results=benchmarks/results/retrieval_amd_epyc.json --output=docs/efficiency.png
+  python3 benchmarks/plot_efficiency.py --output=docs/efficiency.png \
+      --results=benchmarks/results/retrieval_amd_epyc.json \
+      --results=benchmarks/results/retrieval_amd_epyc_ms_sl.json
 
 Left: ms per query against gallery size per model (log-log), our index search solid (less its
 query encoding, as the official path receives encoded queries), the official ranking path
@@ -34,7 +36,9 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 from prvr_jax import models  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RESULTS = flags.DEFINE_string('results', None, 'JSON written by benchmarks/retrieval.py.')
+_RESULTS = flags.DEFINE_multi_string('results', None, 'A JSON written by '
+                                     'benchmarks/retrieval.py; a model in several is drawn '
+                                     'from the last.')
 _OUTPUT = flags.DEFINE_string('output', os.path.join(ROOT, 'docs', 'efficiency.png'),
                               'The PNG to write.')
 
@@ -118,9 +122,13 @@ def plot_accuracy(ax) -> None:
 def main(argv: Sequence[str]) -> None:
   del argv
   if not _RESULTS.value:
-    raise app.UsageError('--results=<retrieval JSON> is required.')
-  with open(_RESULTS.value, encoding='utf-8') as f:
-    report = json.load(f)
+    raise app.UsageError('--results=<retrieval JSON> (one or more) is required.')
+  runs, report = {}, {}
+  for path in _RESULTS.value:
+    with open(path, encoding='utf-8') as f:
+      report = json.load(f)
+    runs.update({model['model']: model for model in report['models']})
+  report['models'] = list(runs.values())  # the machine and settings of the last file
   figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
   plot_speed(left, report)
   plot_accuracy(right)
