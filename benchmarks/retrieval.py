@@ -32,8 +32,8 @@ r mod N times (1 + eps z), z a standard-normal pattern drawn per block r // N (b
 base itself), eps = `--perturbation`; masks are copied and T-MASS's noise key is the row
 number. MS-SL's rows are its encoded clips and frames (`training_videos`), made into its stored
 key-clip attention tables after the perturbation (`stored_form`), so that the official path,
-which projects the frames itself, scores the same videos. So every row is distinct, a gallery of any size costs one multiply per value, and a
-smaller gallery is a prefix of a larger one: one index is written per model and storage dtype,
+which projects the frames itself, scores the same videos. So every row is distinct, a gallery
+of any size costs one multiply per value, and a smaller gallery is a prefix of a larger one: one index is written per model and storage dtype,
 at the largest size stored in that dtype, and the smaller sizes search its prefixes.
 An index is float32 when it fits in `--memory_fraction` of the available memory (and free
 disk), else int8 when that fits, else the point is skipped with the bytes it would need.

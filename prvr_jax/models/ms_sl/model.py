@@ -7,10 +7,12 @@ projection -> positional encoding -> one masked attention block over the frames 
 
 Scores: S_c = max over the multi-scale clips of the cosine; S_f = cosine of the query with the
 key-clip guided attention (KCGA) over the video's frames, keyed by the query's best clip of
-that video. Stored per video: the 32 clips, the inverse norms of the multi-scale clips
-and the KCGA tables of the frames (`KeyClipGuidedAttention`), about a quarter of the multi-scale clips' and frames' floats; a
-pair's score then costs no `[D, D]` projection. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. In training the
-frame matrix is `[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
+that video. Eval S = clip_score_weight * S_c + frame_score_weight * S_f. Stored per video
+(`encode_videos`): the 32 clips, the inverse norms of the multi-scale clips and the KCGA
+tables of the frames (`KeyClipGuidedAttention.tables`), about a quarter of the floats of the
+multi-scale clips and frames, from which a pair's score needs no `[D, D]` projection; training
+scores the encoded frames themselves (`training_videos`). In training the frame matrix is
+`[Q, Q]`: query i against the KCGA feature built for query j (in j's video).
 
 Text mass (`stochastic_text`) applies to the clip branch only: the frame score is a cosine with
 one attended feature per (query, video) pair, whose key clip the deterministic query picks; a
@@ -64,11 +66,10 @@ class MSSL(TwoBranchModel):
                           'frames': frames, 'frame_mask': videos['frame_mask']}, videos)
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
-    """`training_videos`' encodings less the multi-scale clips (`clip_set` forms them from the
-    clips; 'multiscale_inverse_norms' `[B, Lc (Lc + 1) / 2]` keeps their inverse norms), with
-    the frames replaced by their KCGA tables:
-    'frame_logits', each clip as a key against the frames `[B, Lc, Lf]`, and 'frame_values'
-    `[B, Lf, D]` (`KeyClipGuidedAttention.tables`)."""
+    """The stored form of `training_videos`' encodings: {'clips' `[B, Lc, D]`,
+    'multiscale_inverse_norms' `[B, Lc (Lc + 1) / 2]` (the multi-scale clips themselves are
+    formed from the clips, `clip_set`), 'frame_logits' `[B, Lc, Lf]` (each clip as a KCGA key
+    against the frames), 'frame_values' `[B, Lf, D]`, 'frame_mask' `[B, Lf]`} (+ 'key')."""
     return self.stored_form(self.training_videos(videos, deterministic))
 
   def stored_form(self, encoded: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
