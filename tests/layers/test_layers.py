@@ -138,15 +138,21 @@ def test_gmm_branches_are_independent_blocks():
   mask = jnp.ones((2, 12)).at[0, 7:].set(0)
   widths = (None, 0.5, 1.0, 5.0)
   block = GMMBlock(widths=widths, num_heads=2, block='v1', aggregation='average')
-  params = block.init(jax.random.key(0), x, mask)
-  stacked = params['params']['branches']
+  params = jax.jit(lambda key: block.init(key, x, mask))(jax.random.key(0))
   windows = stacked_windows('gaussian', widths, 12)
   single = AttentionBlockV1(num_heads=2)
-  outputs = [single.apply({'params': jax.tree_util.tree_map(lambda p: p[k], stacked)}, x,
-                          key_mask=mask, window=windows[k]) for k in range(len(widths))]
+
+  @jax.jit
+  def both(params):
+    """The block and each branch applied alone with its sliced weights (one compile)."""
+    stacked = params['params']['branches']
+    outputs = [single.apply({'params': jax.tree_util.tree_map(lambda p: p[k], stacked)}, x,
+                            key_mask=mask, window=windows[k]) for k in range(len(widths))]
+    return block.apply(params, x, mask), outputs
+
+  combined, outputs = both(params)
   # O(1) LayerNorm outputs after ~6 chained ops with reductions over <= 12 keys / 8 features.
-  support.assert_close(block.apply(params, x, mask), np.mean(outputs, 0),
-                       rtol=support.f32_rtol(12, ops=6))
+  support.assert_close(combined, np.mean(outputs, 0), rtol=support.f32_rtol(12, ops=6))
   assert not np.allclose(outputs[0], outputs[1])
   # The average is a product over the branch axis, not a reduction (slow on XLA:CPU).
   with precision.matmul_precision('bfloat16'):
@@ -179,18 +185,24 @@ def test_temporal_consolidation_weights_sum_to_one():
   block = GMMBlock(widths=(None, 1.0), num_heads=2, block='v2',
                    aggregation='temporal_consolidation', temperature=0.09)
   token = jnp.ones(8)
-  params = block.init(jax.random.key(0), x, None, None, token)
-  # Identical branch weights give identical outputs; any convex combination returns them.
-  same = jax.tree_util.tree_map(lambda p: p, params)
-  same['params']['branches'] = jax.tree_util.tree_map(
-      lambda p: jnp.broadcast_to(p[:1], p.shape), params['params']['branches'])
+  params = jax.jit(lambda key: block.init(key, x, None, None, token))(jax.random.key(0))
   same_windows = GMMBlock(widths=(None, None), num_heads=2, block='v2',
                           aggregation='temporal_consolidation', temperature=0.09)
-  single = AttentionBlockV2(2).apply(
-      {'params': jax.tree_util.tree_map(lambda p: p[0], params['params']['branches'])}, x)
+
+  @jax.jit
+  def both(params):
+    """The block with identical branches and one branch alone (one compile)."""
+    # Identical branch weights give identical outputs; any convex combination returns them.
+    same = jax.tree_util.tree_map(lambda p: p, params)
+    same['params']['branches'] = jax.tree_util.tree_map(
+        lambda p: jnp.broadcast_to(p[:1], p.shape), params['params']['branches'])
+    single = AttentionBlockV2(2).apply(
+        {'params': jax.tree_util.tree_map(lambda p: p[0], params['params']['branches'])}, x)
+    return same_windows.apply(same, x, None, None, token), single
+
+  consolidated, single = both(params)
   # O(1) outputs after ~8 chained ops (attention, FFN of width 32, consolidation softmax).
-  support.assert_close(same_windows.apply(same, x, None, None, token), single,
-                       rtol=support.f32_rtol(32, ops=8))
+  support.assert_close(consolidated, single, rtol=support.f32_rtol(32, ops=8))
   with pytest.raises(ValueError, match='query token'):
     block.apply(params, x)
 

@@ -23,14 +23,18 @@ pytestmark = pytest.mark.slow  # every model's train step, loss and gradients co
 
 FRAME_LENGTHS = (128, 70, 5, 33)
 QUERY_LENGTHS = (30, 7, 3, 12, 25, 9, 18, 4)  # two queries per video
+TOTAL_STEPS = 100  # of the optimizer's schedule in the train-step test
 
 
 @pytest.fixture(scope='module', params=registry.names())
 def model(request):
-  """(spec, tiny config, module, params) of one registered model."""
+  """(spec, tiny config, module, params) of one registered model. The parameters are those of
+  a fresh train state on one device, made as the train-step test makes its own: that test then
+  loads this init program from the compilation cache instead of compiling a second one."""
   spec = registry.get_spec(request.param)
   config = support.load_config(request.param, 'tiny')
-  params = jax.jit(lambda key: spec.init_params(config.model, key))(jax.random.key(0))
+  tx, _ = train.make_model_optimizer(config, spec, total_steps=TOTAL_STEPS)
+  params = train.create_train_state(config, spec, tx, support.data_mesh(1)).params
   return spec, config, spec.build(config.model), params
 
 
@@ -144,7 +148,7 @@ def test_mixed_precision_loss_and_gradients_follow_float32(model, float32_loss_a
 
 
 def _run_steps(spec, config, mesh, epochs):
-  tx, schedule = train.make_model_optimizer(config, spec, total_steps=100)
+  tx, schedule = train.make_model_optimizer(config, spec, total_steps=TOTAL_STEPS)
   state = train.create_train_state(config, spec, tx, mesh)
   step = train.make_train_step(config, spec, tx, schedule, mesh)
   losses = []

@@ -86,22 +86,31 @@ def test_gmmformer_v2_losses_plug_in(name):
   batch = models.random_batch(config.model, np.random.default_rng(1), FRAME_LENGTHS,
                               QUERY_LENGTHS, queries_per_video=2)
   params = jax.jit(lambda k: spec.init_params(config.model, k))(jax.random.key(0))
-  ctx = models.LossContext(loss=config.loss, epoch=jax.numpy.int32(0), step=jax.numpy.int32(0))
   rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(2), len(spec.rng_streams))))
-  _, off = spec.objective(module, params, batch, rngs, ctx)
+  off_loss = config.loss.copy_and_resolve_references()
   config.loss.update(qdl=0.5, om=0.25)
-  _, on = spec.objective(module, params, batch, rngs, ctx)
+  contexts = [models.LossContext(loss=loss, epoch=jax.numpy.int32(0), step=jax.numpy.int32(0))
+              for loss in (off_loss, config.loss)]
+
+  @jax.jit
+  def run(params, batch, rngs):
+    """Both objectives' terms and the terms recomputed by the shared loss functions (one
+    compile)."""
+    (_, off), (_, on) = (spec.objective(module, params, batch, rngs, ctx) for ctx in contexts)
+    outputs = module.apply({'params': params}, batch, deterministic=False,
+                           rngs={'dropout': rngs['dropout']})
+    masks = {k: batch[k] for k in ('query_video', 'query_valid', 'video_valid')}
+    expected_om = 0.25 * losses.optimal_matching_loss(outputs['queries_aux'], outputs['clips'],
+                                                      **masks)
+    expected_qdl = 0.5 * losses.query_diverse_loss_v2(
+        outputs['queries_aux'], batch['query_video'], batch['query_valid'],
+        delta=config.loss.qdl_delta, alpha=config.loss.qdl_alpha, gamma=config.loss.qdl_gamma)
+    return off, on, expected_om, expected_qdl
+
+  off, on, expected_om, expected_qdl = run(params, batch, rngs)
   assert set(on) - set(off) == {'qdl', 'om'}
   for term in off:
     support.assert_close(on[term], off[term], support.f32_rtol(1), scale=1.0, err_msg=term)
-  outputs = module.apply({'params': params}, batch, deterministic=False,
-                         rngs={'dropout': rngs['dropout']})
-  masks = {k: batch[k] for k in ('query_video', 'query_valid', 'video_valid')}
-  expected_om = 0.25 * losses.optimal_matching_loss(outputs['queries_aux'], outputs['clips'],
-                                                    **masks)
-  expected_qdl = 0.5 * losses.query_diverse_loss_v2(
-      outputs['queries_aux'], batch['query_video'], batch['query_valid'],
-      delta=config.loss.qdl_delta, alpha=config.loss.qdl_alpha, gamma=config.loss.qdl_gamma)
   support.assert_close(on['om'], expected_om, support.f32_rtol(32, ops=2))
   support.assert_close(on['qdl'], expected_qdl, support.f32_rtol(32, ops=2))
   assert float(on['om']) > 0 and float(on['qdl']) > 0
