@@ -140,9 +140,12 @@ def _read_back(path: str) -> dict[str, Any]:
   caption count (the manifest's counts are those of the files, never of what was meant)."""
   from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
   digest, orders, counts = hashlib.sha256(), [], []
+  size = os.path.getsize(path)
   with open(path, 'rb') as f:
     while header := f.read(12):  # TFRecord: length (8), its crc (4), data, data crc (4)
       length = struct.unpack('<Q', header[:8])[0] if len(header) == 12 else -1
+      if length > size - f.tell():  # bounded by the file, whatever the header declares
+        length = -1
       data = f.read(length) if length >= 0 else b''
       footer = f.read(4)
       if length < 0 or len(data) != length or len(footer) != 4:

@@ -38,8 +38,11 @@ _QUERY_FEATURE_FILES = {
 _SPLIT_ORDER = ('train', 'val', 'test')
 _CAPTION_SUFFIX = '.caption.txt'
 MAX_LISTED = 5  # bad items listed in a data error
-# The most elements one caption's or one video's feature array may declare (256 MiB of
-# float32): a file declaring more is refused from its metadata, before anything is read.
+# The one cap of every feature reader (docs/reliability.md): the most elements one caption's
+# or one video's feature array may declare, or one read may allocate (256 MiB of float32, far
+# above any item of the releases: a 10-minute video at 25 fps of 2,816-d rows is 42M). A file
+# declaring more is refused from its metadata (HDF5 / .npy header, shape.txt x id list), before
+# anything is read or allocated.
 MAX_FEATURE_ELEMENTS = 1 << 26
 
 
@@ -70,6 +73,15 @@ def _too_large(kind: str, item_id: str, shape: tuple[int, ...], path: str) -> st
   return (f'{kind} {short(item_id)} declares features of shape {shape} in {path}, more than '
           f'{MAX_FEATURE_ELEMENTS} elements: not the features of one {kind} (refused before '
           'reading)')
+
+
+def check_elements(shape: Sequence[int], path: str, what: str) -> None:
+  """Raises when `shape` (declared by `path`, for `what`: 'video v1', 'key features', ...) has
+  more than `MAX_FEATURE_ELEMENTS` elements: called before a reader allocates it."""
+  if math.prod(int(n) for n in shape) > MAX_FEATURE_ELEMENTS:
+    raise DataError(f'{what} declares features of shape {tuple(int(n) for n in shape)}, more '
+                    f'than {MAX_FEATURE_ELEMENTS} elements (release.MAX_FEATURE_ELEMENTS): not '
+                    f'the features of one item, refused before reading, in {path}')
 
 
 def _dim_error(flag: str, expected: int, actual: int, path: str) -> DataError:
@@ -151,8 +163,11 @@ class BigFile:
     except KeyError as e:
       raise DataError(f'frame id {short(e.args[0])} is not in BigFile {self.folder} (id.txt)') from None
 
-  def read(self, ids: Sequence[str]) -> np.ndarray:
-    """Feature rows of `ids`, in the given order: `[n, D]` float32."""
+  def read(self, ids: Sequence[str], what: str = 'frames') -> np.ndarray:
+    """Feature rows of `ids`, in the given order: `[n, D]` float32 (at most
+    `MAX_FEATURE_ELEMENTS` elements: a frame list repeating ids could ask for more than the
+    file holds; `what` names the item in that error)."""
+    check_elements((len(ids), self.dim), self.bin_path, what)
     return np.asarray(self._data[self.rows(ids)], dtype=np.float32)
 
   def drop_pages(self) -> None:
@@ -344,9 +359,26 @@ class H5Features:
     ds = self._h5().get(key)
     return ds.shape if isinstance(ds, h5py.Dataset) else None
 
-  def read(self, key: str) -> np.ndarray:
-    """The stored array of `key`, in its stored dtype."""
-    return self._dataset(key)[...]
+  def read(self, key: str, rows: Sequence[int] | None = None) -> np.ndarray:
+    """The stored array of `key` (only its `rows`, when given), in its stored dtype.
+
+    The declared shape is checked against `MAX_FEATURE_ELEMENTS` before anything is read
+    (HDF5 metadata costs nothing; a small or compressed file may declare any shape), and so is
+    the selection of `rows`; a row out of range is an error naming the key.
+    """
+    ds = self._dataset(key)
+    what = f'{self.kind} {short(key)}'
+    check_elements(ds.shape, self.path, what)
+    if rows is None:
+      return ds[...]
+    rows = np.asarray(rows, np.int64)
+    if ds.ndim == 0 or (rows.size and (rows.min() < 0 or rows.max() >= ds.shape[0])):
+      raise DataError(f'{what} has features of shape {ds.shape}, rows {short(rows.tolist())} '
+                      f'asked, in {self.path}')
+    if not rows.size:
+      return np.empty((0, *ds.shape[1:]), ds.dtype)
+    unique, inverse = np.unique(rows, return_inverse=True)  # h5py: increasing, no repeats
+    return ds[unique][inverse.reshape(-1)]
 
 
 class CaptionFeatures(H5Features):
@@ -626,7 +658,7 @@ class ReleaseSplit:
       source = rel.clip_videos.path
     else:
       frames = self._frame_ids(video_id)
-      x = rel.bigfile.read(frames)
+      x = rel.bigfile.read(frames, f'video {short(video_id)} (in {rel.layout.video2frames_path})')
       source = rel.bigfile.bin_path
     if x.ndim != 2 or x.shape[0] == 0:
       raise DataError(f'video {short(video_id)} has no frames (features of shape {x.shape} in {source})')
@@ -684,6 +716,9 @@ class ReleaseSplit:
         return f'video {short(video_id)} is not in {rel.layout.video2frames_path} (zero frames)'
       if not frames:
         return f'video {short(video_id)} has an empty frame list in {rel.layout.video2frames_path}'
+      if len(frames) * rel.bigfile.dim > MAX_FEATURE_ELEMENTS:
+        return _too_large('video', video_id, (len(frames), rel.bigfile.dim),
+                          rel.layout.video2frames_path)
       absent = [f for f in frames if f not in rel.bigfile]
       if absent:
         return (f'video {short(video_id)}: frame id {short(absent[0])} ({len(absent)} of {len(frames)} frames) '
