@@ -258,8 +258,14 @@ def read_captions(path: str) -> list[tuple[str, str]]:
 
 
 def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
-  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
-  moments = {}
+  """Reads a moments file: cap_id -> (start, end, duration) in seconds.
+
+  The one reader of moments (`check` and `prepare` both use it through
+  `check.split_moments` / `check.moments_of`): a caption listed twice with different values,
+  or a video given two durations, is an error naming both lines (a line repeated exactly is
+  kept once).
+  """
+  moments, line_of, video_line = {}, {}, {}
   with open(path, encoding='utf-8') as f:
     for lineno, line in enumerate(f, 1):
       parts = line.split()
@@ -276,7 +282,17 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
         raise DataError(
             f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
             f'got {start} {end} {duration}')
-      moments[parts[0]] = (start, end, duration)
+      cap_id, moment = parts[0], (start, end, duration)
+      if cap_id in moments and moments[cap_id] != moment:
+        raise DataError(f'{path}:{lineno}: caption {short(cap_id)} has moment {moment} here but '
+                        f'{moments[cap_id]} on line {line_of[cap_id]}: one span per caption')
+      video = video_id_of(cap_id)
+      first = video_line.setdefault(video, (lineno, duration))
+      if first[1] != duration:
+        raise DataError(f'{path}:{lineno}: video {short(video)} has duration {duration} here but '
+                        f'{first[1]} on line {first[0]}: one duration per video')
+      moments[cap_id] = moment
+      line_of.setdefault(cap_id, lineno)
   return moments
 
 
@@ -887,6 +903,11 @@ class BigFileWriter:
     self._bin.close()
 
 
+# The file a `ReleaseWriter` puts in its `<collection>.partial` folder while writing: a
+# `.partial` folder without it is not ours, and is never removed.
+PARTIAL_MARKER = '.prvr_release_writer'
+
+
 class ReleaseWriter:
   """The one writer of the release layout: `<root>/<collection>` written item by item (only
   ids held in memory) as `<collection>.partial`, renamed at the end; an error removes it."""
@@ -897,9 +918,18 @@ class ReleaseWriter:
     if os.path.lexists(self.collection_dir):
       raise FileExistsError(f'{self.collection_dir} exists; write the release into a new folder')
     self._partial = self.collection_dir + '.partial'
+    self._marker = os.path.join(self._partial, PARTIAL_MARKER)
     if os.path.lexists(self._partial):
+      # Removed only when an earlier writer left it (its marker): never a folder of the user's.
+      if os.path.islink(self._partial) or not os.path.isfile(self._marker):
+        raise FileExistsError(f'{self._partial} exists and was not left by a release writer '
+                              f'(no {PARTIAL_MARKER}); move it away, or write the release into '
+                              'another folder')
       shutil.rmtree(self._partial)
     self.layout = Layout(self._partial, collection, visual_feature, text_feature)
+    os.makedirs(self._partial)
+    with open(self._marker, 'w', encoding='utf-8') as f:
+      f.write('a release being written by prvr_jax.data.release.ReleaseWriter\n')
     os.makedirs(self.layout.text_dir)
     self._video2frames: dict[str, list[str]] = {}
     if text_feature == 'clip':
@@ -948,6 +978,7 @@ class ReleaseWriter:
       else:
         self._frames.close()
         write_video2frames(self.layout.video2frames_path, self._video2frames)
+      os.remove(self._marker)
       os.rename(self._partial, self.collection_dir)
     except BaseException:
       self.abort()
