@@ -8,11 +8,12 @@ from collections.abc import Sequence
 import math
 import os
 import re
+import struct
 
 import numpy as np
 import tensorflow as tf
 
-from prvr_jax.data.release import DataError
+from prvr_jax.data.release import MAX_FEATURE_ELEMENTS, DataError
 from prvr_jax.files import short
 
 # CLIP's image normalisation (OpenAI CLIP, also T-MASS's transforms), RGB order.
@@ -81,11 +82,39 @@ def list_frame_files(folder: str, video: str = '') -> list[str]:
   return [os.path.join(folder, n) for n in sorted(names, key=_natural_key)]
 
 
+def _declared_size(data: bytes) -> tuple[int, int] | None:
+  """(width, height) an image file's header declares (PNG, JPEG, GIF, BMP), without decoding;
+  None for another format (the decoder then refuses it)."""
+  if data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) >= 24:
+    return struct.unpack('>II', data[16:24])
+  if data[:2] == b'\xff\xd8':
+    try:
+      height, width, _ = (int(n) for n in tf.io.extract_jpeg_shape(data).numpy())
+    except tf.errors.OpError:
+      return None  # not a readable JPEG header: the decoder names the problem
+    return width, height
+  if data[:6] in (b'GIF87a', b'GIF89a') and len(data) >= 10:
+    return struct.unpack('<HH', data[6:10])
+  if data[:2] == b'BM' and len(data) >= 26:
+    width, height = struct.unpack('<ii', data[18:26])
+    return abs(width), abs(height)
+  return None
+
+
 def decode_image(path: str) -> np.ndarray:
-  """One image file as uint8 `[H, W, 3]` RGB (grey is repeated, alpha dropped)."""
+  """One image file as uint8 `[H, W, 3]` RGB (grey is repeated, alpha dropped).
+
+  The size its header declares is checked against `release.MAX_FEATURE_ELEMENTS` values before
+  decoding: a small file may declare a huge image (a decompression bomb).
+  """
   try:
     with open(path, 'rb') as f:
       data = f.read()
+    size = _declared_size(data)
+    if size is not None and size[0] * size[1] * 3 > MAX_FEATURE_ELEMENTS:
+      raise DataError(f'{path}: the image declares {size[0]}x{size[1]} (WxH) pixels, more than '
+                      f'{MAX_FEATURE_ELEMENTS} values (release.MAX_FEATURE_ELEMENTS): not a '
+                      'video frame, refused before decoding')
     image = tf.io.decode_image(data, channels=3, dtype=tf.uint8, expand_animations=False)
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, 'message', None) or str(e)

@@ -75,6 +75,10 @@ def _too_large(kind: str, item_id: str, shape: tuple[int, ...], path: str) -> st
           'reading)')
 
 
+def _not_floats(kind: str, item_id: str, dtype: np.dtype, path: str) -> str:
+  return f'{kind} {short(item_id)} has {dtype} features in {path}, expected floats'
+
+
 def check_elements(shape: Sequence[int], path: str, what: str) -> None:
   """Raises when `shape` (declared by `path`, for `what`: 'video v1', 'key features', ...) has
   more than `MAX_FEATURE_ELEMENTS` elements: called before a reader allocates it."""
@@ -179,8 +183,21 @@ class BigFile:
 # ----------------------------------------------------------------------------- text files
 
 
+class _DuplicateKey(ValueError):
+  """A key listed twice in a dict literal (Python and JSON keep the last one silently)."""
+
+
+def _unique_pairs(pairs: Iterable[tuple]) -> dict:
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise _DuplicateKey(key)
+    out[key] = value
+  return out
+
+
 def _parse_dict_literal(text: str):
-  """A Python literal, parsed without `eval`.
+  """A Python literal, parsed without `eval`; a dict listing a key twice raises `_DuplicateKey`.
 
   Fast path: with no '"' and no backslash in the text, every "'" delimits a plain
   string, so the JSON reading of the text with ' -> " is the same value (JSON's parser is
@@ -189,10 +206,13 @@ def _parse_dict_literal(text: str):
   """
   if '"' not in text and '\\' not in text:
     try:
-      return json.loads(text.replace("'", '"'))
+      return json.loads(text.replace("'", '"'), object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError:
       pass
-  return ast.literal_eval(text)
+  tree = ast.parse(text.strip(), mode='eval')
+  if isinstance(tree.body, ast.Dict):
+    _unique_pairs((ast.literal_eval(k), None) for k in tree.body.keys if k is not None)
+  return ast.literal_eval(tree)
 
 
 def read_video2frames(path: str) -> dict[str, list[str]]:
@@ -202,6 +222,9 @@ def read_video2frames(path: str) -> dict[str, list[str]]:
     text = f.read()
   try:
     mapping = _parse_dict_literal(text)
+  except _DuplicateKey as e:
+    raise DataError(f'{path}: video id {short(e.args[0])} is listed twice (one frame list per '
+                    'video)') from None
   except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
     line = f':{e.lineno}' if getattr(e, 'lineno', None) else ''
     raise DataError(f'{path}{line}: not a Python dict literal ({e.__class__.__name__}: {e})') from None
@@ -278,10 +301,10 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
       except ValueError:
         raise DataError(f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", '
                         f'got {short(line.strip())}') from None
-      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
+      if not (0 <= start <= end <= duration) or not 0 < duration < math.inf:
         raise DataError(
-            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
-            f'got {start} {end} {duration}')
+            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration '
+            f'and a finite duration > 0, got {start} {end} {duration}')
       cap_id, moment = parts[0], (start, end, duration)
       if cap_id in moments and moments[cap_id] != moment:
         raise DataError(f'{path}:{lineno}: caption {short(cap_id)} has moment {moment} here but '
@@ -374,6 +397,11 @@ class H5Features:
     """Shape of `key`'s dataset, or None when it is absent or a group (one HDF5 lookup)."""
     ds = self._h5().get(key)
     return ds.shape if isinstance(ds, h5py.Dataset) else None
+
+  def meta_or_none(self, key: str) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of `key`'s dataset, or None when it is absent or a group (one lookup)."""
+    ds = self._h5().get(key)
+    return (ds.shape, ds.dtype) if isinstance(ds, h5py.Dataset) else None
 
   def read(self, key: str, rows: Sequence[int] | None = None) -> np.ndarray:
     """The stored array of `key` (only its `rows`, when given), in its stored dtype.
@@ -718,9 +746,12 @@ class ReleaseSplit:
     """Cheap (metadata-only) check of a video; returns the problem or None."""
     rel = self.release
     if rel.is_clip:
-      shape = rel.clip_videos.shape_or_none(video_id)
-      if shape is None:
+      meta = rel.clip_videos.meta_or_none(video_id)
+      if meta is None:
         return f'video {short(video_id)} is not in {rel.clip_videos.path}'
+      shape, dtype = meta
+      if dtype.kind != 'f':
+        return _not_floats('video', video_id, dtype, rel.clip_videos.path)
       if len(shape) != 2 or shape[0] == 0:
         return f'video {short(video_id)} has no frames (shape {shape}) in {rel.clip_videos.path}'
       if math.prod(shape) > MAX_FEATURE_ELEMENTS:
@@ -745,9 +776,12 @@ class ReleaseSplit:
   def _check_caption(self, cap_id: str) -> str | None:
     rel = self.release
     path = rel.queries.path
-    shape = rel.queries.shape_or_none(cap_id)
-    if shape is None:
+    meta = rel.queries.meta_or_none(cap_id)
+    if meta is None:
       return f'caption id {short(cap_id)} is not in {path}'
+    shape, dtype = meta
+    if dtype.kind != 'f':
+      return _not_floats('caption', cap_id, dtype, path)
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
       return f'caption {short(cap_id)} has no token features (shape {shape}) in {path}'
