@@ -494,7 +494,8 @@ class _Checker:
     """sha256 of feature.bin and a problem per video with non-finite frame rows."""
     bigfile = self.bigfile
     dim = bigfile.dim
-    video_of = {f: v for v, frames in self.video2frames.items() for f in frames}
+    # An unreadable video2frames.txt is a problem already: its rows are then named by frame id.
+    video_of = {f: v for v, frames in (self.video2frames or {}).items() for f in frames}
     bad: dict[str, list[str]] = {}
     digest = hashlib.sha256()
     rows_per_block = max(1, _BLOCK_BYTES // (4 * dim))

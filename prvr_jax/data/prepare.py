@@ -664,10 +664,12 @@ def _own_manifest(out_dir: str, manifest_path: str) -> dict[str, Any] | None:
 
 
 def _check_out(release_dir: str, out_dir: str, manifest_path: str) -> None:
-  """Refuses an `--out` that is not ours to write into: the release itself (or a folder
-  holding it), a non-empty folder without a shard manifest, one with a foreign manifest."""
+  """Refuses an `--out` that is not ours to write into: the release itself (its root or a
+  collection folder, or a folder holding it), a non-empty folder without a shard manifest,
+  one with a foreign manifest."""
   out, release = os.path.realpath(out_dir), os.path.realpath(release_dir)
-  if out == release or release.startswith(out.rstrip(os.sep) + os.sep):
+  if (out == release or release.startswith(out.rstrip(os.sep) + os.sep)
+      or os.path.isdir(os.path.join(out, 'TextData'))):  # a collection folder
     raise ShardError(f'refusing to write shards into {out_dir}: it is (or holds) the release '
                      f'being read ({release_dir}); choose a new or empty --out')
   if os.path.lexists(out_dir) and not os.path.isdir(out_dir):

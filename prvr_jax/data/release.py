@@ -56,9 +56,11 @@ def video_id_of(cap_id: str) -> str:
 
 
 def _bad_items(problems: Sequence[str], what: str) -> DataError:
-  return DataError(f'{len(problems)} bad item(s) in {what}:\n'
-                   f'{listing(problems, limit=MAX_LISTED)}\n'
-                   'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
+  """The error listing bad items, last: its last line names a file and an id."""
+  first = f', the first {MAX_LISTED} listed' if len(problems) > MAX_LISTED else ''
+  return DataError(f'{len(problems)} bad item(s) in {what}{first}. Fix the data, or pass '
+                   'skip_bad_items=True to skip (and record) them:\n'
+                   f'{listing(problems[:MAX_LISTED], limit=MAX_LISTED)}')
 
 
 def _require_files(paths: Sequence[str], what: str) -> None:
