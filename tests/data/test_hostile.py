@@ -245,3 +245,22 @@ def test_synthetic_never_removes_a_foreign_folder(tmp_path):
     synthetic.ensure('tiny', str(tmp_path))
   assert str(e.value).splitlines()[-1].startswith(f'{shard_dir} exists but holds no synthetic')
   assert os.listdir(shard_dir) == ['notes.txt']
+
+
+def test_clis_end_with_the_line_at_fault(tmp_path):
+  """prvr-check and prvr-prepare on a caption with two spans: both fail, the last line of
+  their output names the moments file, the line and the caption."""
+  path = _write(tmp_path / 'release')
+  _moments(path, 'v2#0 1 3 5\nv3#0 0 1 2\nv2#0 1 4 5\n')
+  want = f"{path}/TextData/tvrval.moments.txt:3: caption 'v2#0' has moment"
+  common = ('--config=configs/ms_sl.py:tvr', f'--config.data.dir={tmp_path / "release"}',
+            f'--config.model.visual_dim={DV}', f'--config.model.query_dim={DQ}',
+            '--config.data.check_published=False')
+  proc = support.run_cli('prvr_jax/tools/check.py', *common, '--noprogress', cache_dir=None,
+                         check=False, timeout=120)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert want in proc.stdout.splitlines()[-1], proc.stdout
+  proc = support.run_cli('prvr_jax/tools/prepare.py', *common, f'--out={tmp_path / "shards"}',
+                         cache_dir=None, check=False, timeout=120)
+  assert proc.returncode != 0
+  assert want in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
