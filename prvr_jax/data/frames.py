@@ -171,11 +171,21 @@ def _import_decoder(decoder: str | None):
       'read_frame_folder.')
 
 
+def _check_frame_size(path: str, width: int, height: int) -> None:
+  """Refuses a video whose container declares frames past `release.MAX_FEATURE_ELEMENTS` values,
+  before any is decoded (as `decode_image` for images)."""
+  if int(width) * int(height) * 3 > MAX_FEATURE_ELEMENTS:
+    raise DataError(f'{path}: the video declares {int(width)}x{int(height)} (WxH) frames, more '
+                    f'than {MAX_FEATURE_ELEMENTS} values (release.MAX_FEATURE_ELEMENTS): refused '
+                    'before decoding')
+
+
 def _read_video_cv2(cv2, path: str, num_samples: int, mode: str, rng) -> np.ndarray:
   cap = cv2.VideoCapture(path)
   try:
     if not cap.isOpened():
       raise DataError(f'{path}: cv2 cannot open the video')
+    _check_frame_size(path, cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
     idx = sample_frame_indices(n, num_samples, mode, rng, video=path)
     frames: dict[int, np.ndarray] = {}
@@ -208,7 +218,9 @@ def _read_video_av(av, path: str, num_samples: int, mode: str, rng) -> np.ndarra
     with av.open(path) as container:
       if not container.streams.video:
         raise DataError(f'{path}: no video stream')
-      n = container.streams.video[0].frames  # from the container; 0 when unknown
+      stream = container.streams.video[0]
+      _check_frame_size(path, stream.codec_context.width, stream.codec_context.height)
+      n = stream.frames  # from the container; 0 when unknown
     if n > 0:
       idx = sample_frame_indices(n, num_samples, mode, rng, video=path)
       kept, count = decode(set(idx.tolist()))

@@ -738,3 +738,33 @@ def test_image_declaring_a_huge_size_is_refused_before_decoding(tmp_path):
     fr.decode_image(str(path))
   last = str(e.value).splitlines()[-1]
   assert last.startswith(f'{path}: the image declares 100000x100000 (WxH) pixels')
+
+
+def test_video_declaring_huge_frames_is_refused_before_decoding(tmp_path):
+  """A container declaring 100000x100000 frames (here a stub of cv2's reader) is refused
+  before a frame is decoded, naming the file."""
+  path = tmp_path / 'v.mp4'
+  path.write_bytes(b'')
+
+  class Capture:
+    def __init__(self, _):
+      self.reads = 0
+
+    def isOpened(self):  # pylint: disable=invalid-name
+      return True
+
+    def get(self, prop):
+      return {3: 100_000, 4: 100_000, 7: 10}[prop]
+
+    def read(self):
+      raise AssertionError('decoded a frame')
+
+    def release(self):
+      pass
+
+  cv2 = type('cv2', (), {'VideoCapture': Capture, 'CAP_PROP_FRAME_WIDTH': 3,
+                         'CAP_PROP_FRAME_HEIGHT': 4, 'CAP_PROP_FRAME_COUNT': 7})
+  with pytest.raises(DataError) as e:
+    fr._read_video_cv2(cv2, str(path), 12, 'uniform', None)
+  assert str(e.value).splitlines()[-1].startswith(
+      f'{path}: the video declares 100000x100000 (WxH) frames')
