@@ -542,9 +542,15 @@ class _Checker:
     return self.record or os.path.join(self.rel.layout.collection_dir, CHECKSUMS_FILE)
 
   def _read_record(self) -> dict[str, Any] | None:
-    """The record, or None when there is none; a file that is no record is a problem (and
-    is replaced only with --update_record)."""
+    """The record, or None when there is none; a file that is no record (another of the user's
+    files, one of the release's) is a problem, and is never replaced, not even with
+    --update_record."""
     path = self.record_path
+    if os.path.lexists(path) and not os.path.isfile(path):
+      self.report.problem(f'{path}: not a file, so not a checksum record of '
+                          'prvr_jax.data.check; pass another --record')
+      self.unreadable_record = True
+      return None
     if not os.path.isfile(path):
       return None
     try:
@@ -555,7 +561,7 @@ class _Checker:
     if not (isinstance(record, dict) and record.get('format') == CHECKSUMS_FORMAT
             and isinstance(record.get('files'), dict)):
       self.report.problem(f'{path}: not a checksum record of prvr_jax.data.check ({short(record)}'
-                          '); delete it, or replace it with --update_record')
+                          '); it is left as it is: delete it yourself, or pass another --record')
       self.unreadable_record = True
       return None
     return record
@@ -595,8 +601,8 @@ class _Checker:
                           f'since {record.get("recorded")} ({path}; --update_record accepts '
                           'the current files)')
       return
-    if self.unreadable_record and not update:
-      report.checksums = f'not compared ({path} is no checksum record)'
+    if self.unreadable_record:  # someone else's file: never overwritten
+      report.checksums = f'not compared, not recorded ({path} is no checksum record)'
       return
     new_record = {'format': CHECKSUMS_FORMAT, 'version': 1, 'recorded': files.utc_now(),
                   'collection_dir': self.rel.layout.collection_dir, 'files': current}

@@ -264,3 +264,18 @@ def test_clis_end_with_the_line_at_fault(tmp_path):
                          cache_dir=None, check=False, timeout=120)
   assert proc.returncode != 0
   assert want in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+
+
+def test_update_record_never_replaces_a_file_that_is_no_record(tmp_path):
+  """--record pointing at one of the release's files (or any other file) with --update_record:
+  a problem naming the file, which is left byte for byte."""
+  path = _write(tmp_path / 'release')
+  target = _bin(path)
+  with open(target, 'rb') as f:
+    before = f.read()
+  report = check.check_release(_config(tmp_path / 'release'), use_catalogue=False,
+                               update_record=True, progress=False, record=target)
+  assert any(p.startswith(f'{target}: not a checksum record') for p in report.problems), (
+      report.format())
+  with open(target, 'rb') as f:
+    assert f.read() == before
