@@ -300,22 +300,23 @@ def shard_dir_of(size: str | Spec, out_dir: str, seed: int = 0, text_feature: st
 
 def _generated_here(shard_dir: str, stamp_path: str) -> bool:
   """Whether `shard_dir` is one `ensure` may replace: empty, stamped by it, or a shard folder
-  (`prepare`'s manifest: a generation killed before its stamp)."""
+  of this benchmark (`prepare`'s manifest: a generation killed before its stamp)."""
   if os.path.islink(shard_dir) or not os.path.isdir(shard_dir):
     return False
   if not os.listdir(shard_dir):
     return True
-  for path, key, value in ((stamp_path, 'generator_version', None),
-                           (os.path.join(shard_dir, shard_format.MANIFEST), 'format',
-                            shard_format.FORMAT)):
+  found = []
+  for path in (stamp_path, os.path.join(shard_dir, shard_format.MANIFEST)):
     try:
       with open(path, encoding='utf-8') as f:
-        found = json.load(f)
+        found.append(json.load(f))
     except (OSError, ValueError):
-      continue
-    if isinstance(found, dict) and key in found and (value is None or found[key] == value):
-      return True
-  return False
+      found.append(None)
+  stamp, manifest = (x if isinstance(x, dict) else {} for x in found)
+  settings = manifest.get('preprocessing')
+  return 'generator_version' in stamp or (
+      manifest.get('format') == shard_format.FORMAT and isinstance(settings, dict)
+      and settings.get('collection') == COLLECTION)
 
 
 def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta') -> str:

@@ -279,3 +279,22 @@ def test_update_record_never_replaces_a_file_that_is_no_record(tmp_path):
       report.format())
   with open(target, 'rb') as f:
     assert f.read() == before
+
+
+def test_synthetic_replaces_only_its_own_folders(tmp_path):
+  """`ensure` regenerates over a killed generation of its own (a synthetic shard manifest) but
+  not over another release's shard folder of the same name."""
+  from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  shard_dir = synthetic.shard_dir_of('tiny', str(tmp_path))
+  os.makedirs(shard_dir)
+  manifest = {'format': shard_format.FORMAT, 'preprocessing': {'collection': 'tvr'}}
+  with open(os.path.join(shard_dir, shard_format.MANIFEST), 'w') as f:
+    json.dump(manifest, f)
+  with pytest.raises(FileExistsError):
+    synthetic.ensure('tiny', str(tmp_path))
+  manifest['preprocessing']['collection'] = synthetic.COLLECTION
+  with open(os.path.join(shard_dir, shard_format.MANIFEST), 'w') as f:
+    json.dump(manifest, f)
+  assert synthetic.ensure('tiny', str(tmp_path)) == shard_dir
+  assert os.path.isfile(os.path.join(shard_dir, 'synthetic.json'))
+  assert not [n for n in os.listdir(tmp_path) if '.release-' in n]  # its temporary release
