@@ -179,23 +179,29 @@ def config_splits(data: Any) -> list[str]:
                             if data.get(k)))
 
 
-def split_moments(rel: release_lib.Release, split: release_lib.ReleaseSplit
-                  ) -> dict[str, tuple[float, float, float]]:
-  """The split's moments (empty when it has no moments file), read with
-  `release.read_moments`; raises `release.DataError` when the file leaves captions out (the
-  moment-to-video metrics need every caption)."""
-  path = rel.layout.moments_path(split.name)
+def moments_of(path: str, caption_ids: list[str], split: str
+               ) -> dict[str, tuple[float, float, float]]:
+  """The moments of `path` (empty when there is no such file), read with
+  `release.read_moments`; raises `release.DataError` when the file leaves some of
+  `caption_ids` out (the moment-to-video metrics need every caption)."""
   if not os.path.isfile(path):
     return {}
   moments = release_lib.read_moments(path)
-  missing = [c for c in split.caption_ids if c not in moments]
+  missing = [c for c in caption_ids if c not in moments]
   if moments and missing:
     raise release_lib.DataError(
-        f'{path} gives moments for {len(split.caption_ids) - len(missing)} of the '
-        f'{len(split.caption_ids)} captions of split {split.name!r} (first without: '
+        f'{path} gives moments for {len(caption_ids) - len(missing)} of the '
+        f'{len(caption_ids)} captions of split {split!r} (first without: '
         f'{short(missing[0])}); the moment-to-video metrics need every caption: complete the '
         'file, or remove it to evaluate without them.')
   return moments
+
+
+def split_moments(rel: release_lib.Release, split: release_lib.ReleaseSplit
+                  ) -> dict[str, tuple[float, float, float]]:
+  """The split's moments (`moments_of` its moments file and caption ids): what `prepare`
+  uses and `check` reports on."""
+  return moments_of(rel.layout.moments_path(split.name), split.caption_ids, split.name)
 
 
 def check_split_overlaps(collection_dir: str, overlaps: dict[str, dict[str, Any]],
@@ -365,8 +371,10 @@ class _Checker:
       captions.update(c for c, _ in rows)
       self._count(name, catalogue.Count(len(videos_of[name]), len(rows)),
                   f'{path}: split {name!r}')
-      if readers_ok:
-        self._check_split(name)
+      # The moments as prepare reads them (`split_moments`); without an opened split, against
+      # every caption of the file: a bad moments file is reported whatever else fails.
+      if not (readers_ok and self._check_split(name)):
+        self._try(moments_of, rel.layout.moments_path(name), [c for c, _ in rows], name)
     videos = {v for vs in videos_of.values() for v in vs}
     self._check_dims()
     self._check_totals(list(videos_of), catalogue.Count(len(videos), len(captions)))
@@ -374,12 +382,13 @@ class _Checker:
     if readers_ok:
       self._note_unused(videos, captions)
 
-  def _check_split(self, name: str) -> None:
-    """Every video and caption of a split, from metadata (the reader's own validation)."""
+  def _check_split(self, name: str) -> bool:
+    """Every video and caption of a split, from metadata (the reader's own validation), and
+    its moments; False when the split could not be opened (its moments then unchecked)."""
     report = self.report
     split = self._try(self.rel.split, name)  # raises when every item is bad
     if split is _FAILED:
-      return
+      return False
     self._try(split_moments, self.rel, split)
     for problem in split.problems:
       report.problem(problem)
@@ -395,6 +404,7 @@ class _Checker:
         if shape[0] != frames:
           report.problem(f'{videos.path}: video {short(v)} has {shape[0]} frame features, '
                          f'{self.expected.name} has {frames} per video')
+    return True
 
   def _check_dims(self) -> None:
     rel, report, model = self.rel, self.report, self.config.model
@@ -484,7 +494,8 @@ class _Checker:
     """sha256 of feature.bin and a problem per video with non-finite frame rows."""
     bigfile = self.bigfile
     dim = bigfile.dim
-    video_of = {f: v for v, frames in self.video2frames.items() for f in frames}
+    # An unreadable video2frames.txt is a problem already: its rows are then named by frame id.
+    video_of = {f: v for v, frames in (self.video2frames or {}).items() for f in frames}
     bad: dict[str, list[str]] = {}
     digest = hashlib.sha256()
     rows_per_block = max(1, _BLOCK_BYTES // (4 * dim))
@@ -531,9 +542,15 @@ class _Checker:
     return self.record or os.path.join(self.rel.layout.collection_dir, CHECKSUMS_FILE)
 
   def _read_record(self) -> dict[str, Any] | None:
-    """The record, or None when there is none; a file that is no record is a problem (and
-    is replaced only with --update_record)."""
+    """The record, or None when there is none; a file that is no record (another of the user's
+    files, one of the release's) is a problem, and is never replaced, not even with
+    --update_record."""
     path = self.record_path
+    if os.path.lexists(path) and not os.path.isfile(path):
+      self.report.problem(f'{path}: not a file, so not a checksum record of '
+                          'prvr_jax.data.check; pass another --record')
+      self.unreadable_record = True
+      return None
     if not os.path.isfile(path):
       return None
     try:
@@ -544,7 +561,7 @@ class _Checker:
     if not (isinstance(record, dict) and record.get('format') == CHECKSUMS_FORMAT
             and isinstance(record.get('files'), dict)):
       self.report.problem(f'{path}: not a checksum record of prvr_jax.data.check ({short(record)}'
-                          '); delete it, or replace it with --update_record')
+                          '); it is left as it is: delete it yourself, or pass another --record')
       self.unreadable_record = True
       return None
     return record
@@ -584,8 +601,8 @@ class _Checker:
                           f'since {record.get("recorded")} ({path}; --update_record accepts '
                           'the current files)')
       return
-    if self.unreadable_record and not update:
-      report.checksums = f'not compared ({path} is no checksum record)'
+    if self.unreadable_record:  # someone else's file: never overwritten
+      report.checksums = f'not compared, not recorded ({path} is no checksum record)'
       return
     new_record = {'format': CHECKSUMS_FORMAT, 'version': 1, 'recorded': files.utc_now(),
                   'collection_dir': self.rel.layout.collection_dir, 'files': current}

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 import math
 import os
 import re
+import struct
 
 import numpy as np
 import tensorflow as tf
 
-from prvr_jax.data.release import DataError
+from prvr_jax.data.release import MAX_FEATURE_ELEMENTS, DataError
 from prvr_jax.files import short
 
 # CLIP's image normalisation (OpenAI CLIP, also T-MASS's transforms), RGB order.
@@ -81,11 +82,39 @@ def list_frame_files(folder: str, video: str = '') -> list[str]:
   return [os.path.join(folder, n) for n in sorted(names, key=_natural_key)]
 
 
+def _declared_size(data: bytes) -> tuple[int, int] | None:
+  """(width, height) an image file's header declares (PNG, JPEG, GIF, BMP), without decoding;
+  None for another format (the decoder then refuses it)."""
+  if data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) >= 24:
+    return struct.unpack('>II', data[16:24])
+  if data[:2] == b'\xff\xd8':
+    try:
+      height, width, _ = (int(n) for n in tf.io.extract_jpeg_shape(data).numpy())
+    except tf.errors.OpError:
+      return None  # not a readable JPEG header: the decoder names the problem
+    return width, height
+  if data[:6] in (b'GIF87a', b'GIF89a') and len(data) >= 10:
+    return struct.unpack('<HH', data[6:10])
+  if data[:2] == b'BM' and len(data) >= 26:
+    width, height = struct.unpack('<ii', data[18:26])
+    return abs(width), abs(height)
+  return None
+
+
 def decode_image(path: str) -> np.ndarray:
-  """One image file as uint8 `[H, W, 3]` RGB (grey is repeated, alpha dropped)."""
+  """One image file as uint8 `[H, W, 3]` RGB (grey is repeated, alpha dropped).
+
+  The size its header declares is checked against `release.MAX_FEATURE_ELEMENTS` values before
+  decoding: a small file may declare a huge image (a decompression bomb).
+  """
   try:
     with open(path, 'rb') as f:
       data = f.read()
+    size = _declared_size(data)
+    if size is not None and size[0] * size[1] * 3 > MAX_FEATURE_ELEMENTS:
+      raise DataError(f'{path}: the image declares {size[0]}x{size[1]} (WxH) pixels, more than '
+                      f'{MAX_FEATURE_ELEMENTS} values (release.MAX_FEATURE_ELEMENTS): not a '
+                      'video frame, refused before decoding')
     image = tf.io.decode_image(data, channels=3, dtype=tf.uint8, expand_animations=False)
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, 'message', None) or str(e)
@@ -142,11 +171,21 @@ def _import_decoder(decoder: str | None):
       'read_frame_folder.')
 
 
+def _check_frame_size(path: str, width: int, height: int) -> None:
+  """Refuses a video whose container declares frames past `release.MAX_FEATURE_ELEMENTS` values,
+  before any is decoded (as `decode_image` for images)."""
+  if int(width) * int(height) * 3 > MAX_FEATURE_ELEMENTS:
+    raise DataError(f'{path}: the video declares {int(width)}x{int(height)} (WxH) frames, more '
+                    f'than {MAX_FEATURE_ELEMENTS} values (release.MAX_FEATURE_ELEMENTS): refused '
+                    'before decoding')
+
+
 def _read_video_cv2(cv2, path: str, num_samples: int, mode: str, rng) -> np.ndarray:
   cap = cv2.VideoCapture(path)
   try:
     if not cap.isOpened():
       raise DataError(f'{path}: cv2 cannot open the video')
+    _check_frame_size(path, cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
     idx = sample_frame_indices(n, num_samples, mode, rng, video=path)
     frames: dict[int, np.ndarray] = {}
@@ -179,7 +218,9 @@ def _read_video_av(av, path: str, num_samples: int, mode: str, rng) -> np.ndarra
     with av.open(path) as container:
       if not container.streams.video:
         raise DataError(f'{path}: no video stream')
-      n = container.streams.video[0].frames  # from the container; 0 when unknown
+      stream = container.streams.video[0]
+      _check_frame_size(path, stream.codec_context.width, stream.codec_context.height)
+      n = stream.frames  # from the container; 0 when unknown
     if n > 0:
       idx = sample_frame_indices(n, num_samples, mode, rng, video=path)
       kept, count = decode(set(idx.tolist()))

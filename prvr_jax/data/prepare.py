@@ -140,9 +140,12 @@ def _read_back(path: str) -> dict[str, Any]:
   caption count (the manifest's counts are those of the files, never of what was meant)."""
   from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
   digest, orders, counts = hashlib.sha256(), [], []
+  size = os.path.getsize(path)
   with open(path, 'rb') as f:
     while header := f.read(12):  # TFRecord: length (8), its crc (4), data, data crc (4)
       length = struct.unpack('<Q', header[:8])[0] if len(header) == 12 else -1
+      if length > size - f.tell():  # bounded by the file, whatever the header declares
+        length = -1
       data = f.read(length) if length >= 0 else b''
       footer = f.read(4)
       if length < 0 or len(data) != length or len(footer) != 4:
@@ -641,6 +644,44 @@ def _write_tfds_metadata(builder: PrvrFeatures, name: str, shards: Sequence[dict
                      lambda f: f.write(json.dumps(default).encode()))
 
 
+def _own_manifest(out_dir: str, manifest_path: str) -> dict[str, Any] | None:
+  """The shard manifest of `out_dir` (None: there is none); raises when the file is not one of
+  ours (its `format`): such a folder is never written into."""
+  if not os.path.lexists(manifest_path):
+    return None
+  try:
+    if os.path.islink(manifest_path):
+      raise ValueError('a link')
+    with open(manifest_path, encoding='utf-8') as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    manifest = e
+  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+    raise ShardError(f'refusing to write shards into {out_dir}: its {MANIFEST} is not a '
+                     f'{FORMAT} manifest, so the folder is not a shard folder; choose a new or '
+                     f'empty --out (file: {manifest_path})')
+  return manifest
+
+
+def _check_out(release_dir: str, out_dir: str, manifest_path: str) -> None:
+  """Refuses an `--out` that is not ours to write into: the release itself (its root or a
+  collection folder, or a folder holding it), a non-empty folder without a shard manifest,
+  one with a foreign manifest."""
+  out, release = os.path.realpath(out_dir), os.path.realpath(release_dir)
+  if (out == release or release.startswith(out.rstrip(os.sep) + os.sep)
+      or os.path.isdir(os.path.join(out, 'TextData'))):  # a collection folder
+    raise ShardError(f'refusing to write shards into {out_dir}: it is (or holds) the release '
+                     f'being read ({release_dir}); choose a new or empty --out')
+  if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+    raise ShardError(f'refusing to write shards into {out_dir}: it is not a folder; choose a '
+                     'new or empty --out')
+  if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_FILE}:
+    if not os.path.lexists(manifest_path):
+      raise ShardError(f'refusing to write shards into {out_dir}: it is a non-empty folder '
+                       f'without {MANIFEST}, not a shard folder; choose a new or empty --out')
+    _own_manifest(out_dir, manifest_path)
+
+
 def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = None,
                    visual_feature: str | None = None, text_feature: str = 'roberta',
                    splits: Sequence[str] | None = None,
@@ -666,10 +707,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
     raise ValueError(f'--workers={workers}: the number of worker processes must be positive '
                      '(or 0 on the command line for the default)')
   manifest_path = os.path.join(out_dir, MANIFEST)
-  if (os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_FILE}
-      and not os.path.isfile(manifest_path)):
-    raise ShardError(f'refusing to write shards into {out_dir}: it is a non-empty folder '
-                     f'without {MANIFEST}, not a shard folder; choose a new or empty --out')
+  _check_out(release_dir, out_dir, manifest_path)
   os.makedirs(out_dir, exist_ok=True)
   with files.folder_lock(out_dir, LOCK_FILE, 'preparation of these shards', '--out'):
     release_args = _ReleaseArgs(
@@ -691,9 +729,8 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
     manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
                 'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
                 'preprocessing': settings, 'splits': {}}
-    if os.path.isfile(manifest_path):
-      with open(manifest_path, encoding='utf-8') as f:
-        old = json.load(f)
+    old = _own_manifest(out_dir, manifest_path)  # again, under the lock
+    if old is not None:
       if old.get('preprocessing') != settings:
         raise ShardError(f'{manifest_path} was prepared with other settings '
                          f'({short(old.get("preprocessing"), 300)}); use another --out or '

@@ -282,16 +282,59 @@ def text_feature_path(feature_dir: str, qid: int) -> str:
   return os.path.join(feature_dir, TEXT_DIR, f'qid{qid}.npz')
 
 
-def _load_npz(path: str, key: str, dim: int, what: str) -> np.ndarray:
-  """`key` of an .npz file as float32 `[n >= 1, dim]`, finite (pickles refused)."""
+def _npz_rows(path: str, key: str, max_rows: int | None, what: str
+              ) -> tuple[np.ndarray | None, list]:
+  """The first `max_rows` rows (all: None) of `key` in an .npz archive, and its keys; None for
+  a missing key.
+
+  The member's `.npy` header is read first and its declared shape checked against
+  `release.MAX_FEATURE_ELEMENTS` before anything is allocated (a member of a few MB may inflate
+  to GB); of a C-ordered array only the rows asked are decompressed. Object arrays (pickles)
+  are refused. A member read to its end has its CRC checked by `zipfile`.
+  """
+  with zipfile.ZipFile(path) as zf:
+    names = zf.namelist()
+    keys = [n[:-4] if n.endswith('.npy') else n for n in names]
+    name = key + '.npy' if key + '.npy' in names else key if key in names else None
+    if name is None:
+      return None, keys
+    with zf.open(name) as f:
+      version = np.lib.format.read_magic(f)
+      if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+      elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+      else:
+        raise ValueError(f'.npy format version {version} of {key!r} is not supported')
+      if dtype.hasobject:
+        raise ValueError(f'{key!r} holds Python objects (a pickle), refused')
+      release_lib.check_elements(shape, path, f'{key!r} of the {what}')
+      if not shape:  # a scalar: refused by the caller
+        return np.zeros((), dtype), keys
+      # A Fortran-ordered array has no contiguous rows: it is read whole (within the cap).
+      n = shape[0] if max_rows is None or fortran else min(shape[0], max_rows)
+      size = n * math.prod(shape[1:]) * dtype.itemsize
+      data = f.read(size)
+      if len(data) != size:
+        raise ValueError(f'{key!r} is truncated ({len(data)} of {size} bytes)')
+      if n == shape[0]:
+        f.read(1)  # reaches the member's end: zipfile checks its CRC
+  if fortran:
+    x = np.frombuffer(data, dtype).reshape(shape[::-1]).transpose()
+  else:
+    x = np.frombuffer(data, dtype).reshape((n, *shape[1:]))
+  return x[:max_rows] if max_rows is not None else x, keys
+
+
+def _load_npz(path: str, key: str, dim: int, what: str, max_rows: int | None = None
+              ) -> np.ndarray:
+  """`key` of an .npz file as float32 `[n >= 1, dim]` (its first `max_rows` rows: the rows
+  used), finite (pickles refused); bounded by `release.MAX_FEATURE_ELEMENTS` (`_npz_rows`)."""
   try:
-    npz = np.load(path, allow_pickle=False)
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-      raise ValueError('not an .npz archive')
-    with npz:
-      x = npz[key] if key in npz.files else None
-      keys = npz.files
+    x, keys = _npz_rows(path, key, max_rows, what)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    if isinstance(e, DataError):
+      raise
     raise DataError(f'{path} ({what}): cannot read as .npz ({e.__class__.__name__}: {e})') from None
   if x is None:
     raise DataError(f'{path} ({what}): no array {key!r} (it has {keys})')
@@ -311,8 +354,10 @@ def _load_npz(path: str, key: str, dim: int, what: str) -> np.ndarray:
 def segment_features(feature_dir: str, vid: str) -> np.ndarray:
   """Frame rows `[n <= 75, 2816]` float32 of a segment, as Moment-DETR's loader builds them."""
   slowfast_path, clip_path = feature_paths(feature_dir, vid)
-  parts = [_load_npz(slowfast_path, 'features', SLOWFAST_DIM, f'SlowFast features of {vid}'),
-           _load_npz(clip_path, 'features', CLIP_DIM, f'CLIP features of {vid}')]
+  parts = [_load_npz(slowfast_path, 'features', SLOWFAST_DIM, f'SlowFast features of {vid}',
+                     MAX_SEGMENT_CLIPS),
+           _load_npz(clip_path, 'features', CLIP_DIM, f'CLIP features of {vid}',
+                     MAX_SEGMENT_CLIPS)]
   n = min(MAX_SEGMENT_CLIPS, *(len(x) for x in parts))
   return np.concatenate([preprocess.l2_normalize(x[:n]) for x in parts], axis=1)
 

@@ -38,8 +38,11 @@ _QUERY_FEATURE_FILES = {
 _SPLIT_ORDER = ('train', 'val', 'test')
 _CAPTION_SUFFIX = '.caption.txt'
 MAX_LISTED = 5  # bad items listed in a data error
-# The most elements one caption's or one video's feature array may declare (256 MiB of
-# float32): a file declaring more is refused from its metadata, before anything is read.
+# The one cap of every feature reader (docs/reliability.md): the most elements one caption's
+# or one video's feature array may declare, or one read may allocate (256 MiB of float32, far
+# above any item of the releases: a 10-minute video at 25 fps of 2,816-d rows is 42M). A file
+# declaring more is refused from its metadata (HDF5 / .npy header, shape.txt x id list), before
+# anything is read or allocated.
 MAX_FEATURE_ELEMENTS = 1 << 26
 
 
@@ -53,9 +56,11 @@ def video_id_of(cap_id: str) -> str:
 
 
 def _bad_items(problems: Sequence[str], what: str) -> DataError:
-  return DataError(f'{len(problems)} bad item(s) in {what}:\n'
-                   f'{listing(problems, limit=MAX_LISTED)}\n'
-                   'Fix the data, or pass skip_bad_items=True to skip (and record) them.')
+  """The error listing bad items, last: its last line names a file and an id."""
+  first = f', the first {MAX_LISTED} listed' if len(problems) > MAX_LISTED else ''
+  return DataError(f'{len(problems)} bad item(s) in {what}{first}. Fix the data, or pass '
+                   'skip_bad_items=True to skip (and record) them:\n'
+                   f'{listing(problems[:MAX_LISTED], limit=MAX_LISTED)}')
 
 
 def _require_files(paths: Sequence[str], what: str) -> None:
@@ -70,6 +75,19 @@ def _too_large(kind: str, item_id: str, shape: tuple[int, ...], path: str) -> st
   return (f'{kind} {short(item_id)} declares features of shape {shape} in {path}, more than '
           f'{MAX_FEATURE_ELEMENTS} elements: not the features of one {kind} (refused before '
           'reading)')
+
+
+def _not_floats(kind: str, item_id: str, dtype: np.dtype, path: str) -> str:
+  return f'{kind} {short(item_id)} has {dtype} features in {path}, expected floats'
+
+
+def check_elements(shape: Sequence[int], path: str, what: str) -> None:
+  """Raises when `shape` (declared by `path`, for `what`: 'video v1', 'key features', ...) has
+  more than `MAX_FEATURE_ELEMENTS` elements: called before a reader allocates it."""
+  if math.prod(int(n) for n in shape) > MAX_FEATURE_ELEMENTS:
+    raise DataError(f'{what} declares features of shape {tuple(int(n) for n in shape)}, more '
+                    f'than {MAX_FEATURE_ELEMENTS} elements (release.MAX_FEATURE_ELEMENTS): not '
+                    f'the features of one item, refused before reading, in {path}')
 
 
 def _dim_error(flag: str, expected: int, actual: int, path: str) -> DataError:
@@ -151,8 +169,11 @@ class BigFile:
     except KeyError as e:
       raise DataError(f'frame id {short(e.args[0])} is not in BigFile {self.folder} (id.txt)') from None
 
-  def read(self, ids: Sequence[str]) -> np.ndarray:
-    """Feature rows of `ids`, in the given order: `[n, D]` float32."""
+  def read(self, ids: Sequence[str], what: str = 'frames') -> np.ndarray:
+    """Feature rows of `ids`, in the given order: `[n, D]` float32 (at most
+    `MAX_FEATURE_ELEMENTS` elements: a frame list repeating ids could ask for more than the
+    file holds; `what` names the item in that error)."""
+    check_elements((len(ids), self.dim), self.bin_path, what)
     return np.asarray(self._data[self.rows(ids)], dtype=np.float32)
 
   def drop_pages(self) -> None:
@@ -164,8 +185,21 @@ class BigFile:
 # ----------------------------------------------------------------------------- text files
 
 
+class _DuplicateKey(ValueError):
+  """A key listed twice in a dict literal (Python and JSON keep the last one silently)."""
+
+
+def _unique_pairs(pairs: Iterable[tuple]) -> dict:
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise _DuplicateKey(key)
+    out[key] = value
+  return out
+
+
 def _parse_dict_literal(text: str):
-  """A Python literal, parsed without `eval`.
+  """A Python literal, parsed without `eval`; a dict listing a key twice raises `_DuplicateKey`.
 
   Fast path: with no '"' and no backslash in the text, every "'" delimits a plain
   string, so the JSON reading of the text with ' -> " is the same value (JSON's parser is
@@ -174,10 +208,13 @@ def _parse_dict_literal(text: str):
   """
   if '"' not in text and '\\' not in text:
     try:
-      return json.loads(text.replace("'", '"'))
+      return json.loads(text.replace("'", '"'), object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError:
       pass
-  return ast.literal_eval(text)
+  tree = ast.parse(text.strip(), mode='eval')
+  if isinstance(tree.body, ast.Dict):
+    _unique_pairs((ast.literal_eval(k), None) for k in tree.body.keys if k is not None)
+  return ast.literal_eval(tree)
 
 
 def read_video2frames(path: str) -> dict[str, list[str]]:
@@ -187,6 +224,9 @@ def read_video2frames(path: str) -> dict[str, list[str]]:
     text = f.read()
   try:
     mapping = _parse_dict_literal(text)
+  except _DuplicateKey as e:
+    raise DataError(f'{path}: video id {short(e.args[0])} is listed twice (one frame list per '
+                    'video)') from None
   except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
     line = f':{e.lineno}' if getattr(e, 'lineno', None) else ''
     raise DataError(f'{path}{line}: not a Python dict literal ({e.__class__.__name__}: {e})') from None
@@ -243,8 +283,14 @@ def read_captions(path: str) -> list[tuple[str, str]]:
 
 
 def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
-  """Reads a moments file: cap_id -> (start, end, duration) in seconds."""
-  moments = {}
+  """Reads a moments file: cap_id -> (start, end, duration) in seconds.
+
+  The one reader of moments (`check` and `prepare` both use it through
+  `check.split_moments` / `check.moments_of`): a caption listed twice with different values,
+  or a video given two durations, is an error naming both lines (a line repeated exactly is
+  kept once).
+  """
+  moments, line_of, video_line = {}, {}, {}
   with open(path, encoding='utf-8') as f:
     for lineno, line in enumerate(f, 1):
       parts = line.split()
@@ -257,11 +303,21 @@ def read_moments(path: str) -> dict[str, tuple[float, float, float]]:
       except ValueError:
         raise DataError(f'{path}:{lineno}: expected "<cap_id> <start> <end> <duration>", '
                         f'got {short(line.strip())}') from None
-      if not (0 <= start <= end <= duration) or not math.isfinite(duration):
+      if not (0 <= start <= end <= duration) or not 0 < duration < math.inf:
         raise DataError(
-            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration, '
-            f'got {start} {end} {duration}')
-      moments[parts[0]] = (start, end, duration)
+            f'{path}:{lineno}: caption {short(parts[0])} needs 0 <= start <= end <= duration '
+            f'and a finite duration > 0, got {start} {end} {duration}')
+      cap_id, moment = parts[0], (start, end, duration)
+      if cap_id in moments and moments[cap_id] != moment:
+        raise DataError(f'{path}:{lineno}: caption {short(cap_id)} has moment {moment} here but '
+                        f'{moments[cap_id]} on line {line_of[cap_id]}: one span per caption')
+      video = video_id_of(cap_id)
+      first = video_line.setdefault(video, (lineno, duration))
+      if first[1] != duration:
+        raise DataError(f'{path}:{lineno}: video {short(video)} has duration {duration} here but '
+                        f'{first[1]} on line {first[0]}: one duration per video')
+      moments[cap_id] = moment
+      line_of.setdefault(cap_id, lineno)
   return moments
 
 
@@ -344,9 +400,31 @@ class H5Features:
     ds = self._h5().get(key)
     return ds.shape if isinstance(ds, h5py.Dataset) else None
 
-  def read(self, key: str) -> np.ndarray:
-    """The stored array of `key`, in its stored dtype."""
-    return self._dataset(key)[...]
+  def meta_or_none(self, key: str) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of `key`'s dataset, or None when it is absent or a group (one lookup)."""
+    ds = self._h5().get(key)
+    return (ds.shape, ds.dtype) if isinstance(ds, h5py.Dataset) else None
+
+  def read(self, key: str, rows: Sequence[int] | None = None) -> np.ndarray:
+    """The stored array of `key` (only its `rows`, when given), in its stored dtype.
+
+    The declared shape is checked against `MAX_FEATURE_ELEMENTS` before anything is read
+    (HDF5 metadata costs nothing; a small or compressed file may declare any shape), and so is
+    the selection of `rows`; a row out of range is an error naming the key.
+    """
+    ds = self._dataset(key)
+    what = f'{self.kind} {short(key)}'
+    check_elements(ds.shape, self.path, what)
+    if rows is None:
+      return ds[...]
+    rows = np.asarray(rows, np.int64)
+    if ds.ndim == 0 or (rows.size and (rows.min() < 0 or rows.max() >= ds.shape[0])):
+      raise DataError(f'{what} has features of shape {ds.shape}, rows {short(rows.tolist())} '
+                      f'asked, in {self.path}')
+    if not rows.size:
+      return np.empty((0, *ds.shape[1:]), ds.dtype)
+    unique, inverse = np.unique(rows, return_inverse=True)  # h5py: increasing, no repeats
+    return ds[unique][inverse.reshape(-1)]
 
 
 class CaptionFeatures(H5Features):
@@ -626,7 +704,7 @@ class ReleaseSplit:
       source = rel.clip_videos.path
     else:
       frames = self._frame_ids(video_id)
-      x = rel.bigfile.read(frames)
+      x = rel.bigfile.read(frames, f'video {short(video_id)} (in {rel.layout.video2frames_path})')
       source = rel.bigfile.bin_path
     if x.ndim != 2 or x.shape[0] == 0:
       raise DataError(f'video {short(video_id)} has no frames (features of shape {x.shape} in {source})')
@@ -670,9 +748,12 @@ class ReleaseSplit:
     """Cheap (metadata-only) check of a video; returns the problem or None."""
     rel = self.release
     if rel.is_clip:
-      shape = rel.clip_videos.shape_or_none(video_id)
-      if shape is None:
+      meta = rel.clip_videos.meta_or_none(video_id)
+      if meta is None:
         return f'video {short(video_id)} is not in {rel.clip_videos.path}'
+      shape, dtype = meta
+      if dtype.kind != 'f':
+        return _not_floats('video', video_id, dtype, rel.clip_videos.path)
       if len(shape) != 2 or shape[0] == 0:
         return f'video {short(video_id)} has no frames (shape {shape}) in {rel.clip_videos.path}'
       if math.prod(shape) > MAX_FEATURE_ELEMENTS:
@@ -684,6 +765,9 @@ class ReleaseSplit:
         return f'video {short(video_id)} is not in {rel.layout.video2frames_path} (zero frames)'
       if not frames:
         return f'video {short(video_id)} has an empty frame list in {rel.layout.video2frames_path}'
+      if len(frames) * rel.bigfile.dim > MAX_FEATURE_ELEMENTS:
+        return _too_large('video', video_id, (len(frames), rel.bigfile.dim),
+                          rel.layout.video2frames_path)
       absent = [f for f in frames if f not in rel.bigfile]
       if absent:
         return (f'video {short(video_id)}: frame id {short(absent[0])} ({len(absent)} of {len(frames)} frames) '
@@ -694,9 +778,12 @@ class ReleaseSplit:
   def _check_caption(self, cap_id: str) -> str | None:
     rel = self.release
     path = rel.queries.path
-    shape = rel.queries.shape_or_none(cap_id)
-    if shape is None:
+    meta = rel.queries.meta_or_none(cap_id)
+    if meta is None:
       return f'caption id {short(cap_id)} is not in {path}'
+    shape, dtype = meta
+    if dtype.kind != 'f':
+      return _not_floats('caption', cap_id, dtype, path)
     ok_ndims = (1, 2) if rel.is_clip else (2,)
     if len(shape) not in ok_ndims or shape[0] == 0:
       return f'caption {short(cap_id)} has no token features (shape {shape}) in {path}'
@@ -852,6 +939,11 @@ class BigFileWriter:
     self._bin.close()
 
 
+# The file a `ReleaseWriter` puts in its `<collection>.partial` folder while writing: a
+# `.partial` folder without it is not ours, and is never removed.
+PARTIAL_MARKER = '.prvr_release_writer'
+
+
 class ReleaseWriter:
   """The one writer of the release layout: `<root>/<collection>` written item by item (only
   ids held in memory) as `<collection>.partial`, renamed at the end; an error removes it."""
@@ -862,9 +954,18 @@ class ReleaseWriter:
     if os.path.lexists(self.collection_dir):
       raise FileExistsError(f'{self.collection_dir} exists; write the release into a new folder')
     self._partial = self.collection_dir + '.partial'
+    self._marker = os.path.join(self._partial, PARTIAL_MARKER)
     if os.path.lexists(self._partial):
+      # Removed only when an earlier writer left it (its marker): never a folder of the user's.
+      if os.path.islink(self._partial) or not os.path.isfile(self._marker):
+        raise FileExistsError(f'{self._partial} exists and was not left by a release writer '
+                              f'(no {PARTIAL_MARKER}); move it away, or write the release into '
+                              'another folder')
       shutil.rmtree(self._partial)
     self.layout = Layout(self._partial, collection, visual_feature, text_feature)
+    os.makedirs(self._partial)
+    with open(self._marker, 'w', encoding='utf-8') as f:
+      f.write('a release being written by prvr_jax.data.release.ReleaseWriter\n')
     os.makedirs(self.layout.text_dir)
     self._video2frames: dict[str, list[str]] = {}
     if text_feature == 'clip':
@@ -913,6 +1014,7 @@ class ReleaseWriter:
       else:
         self._frames.close()
         write_video2frames(self.layout.video2frames_path, self._video2frames)
+      os.remove(self._marker)
       os.rename(self._partial, self.collection_dir)
     except BaseException:
       self.abort()

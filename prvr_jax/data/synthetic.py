@@ -16,12 +16,14 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import scipy.signal
 
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
+from prvr_jax.data import shard_format
 
 _log = logging.getLogger(__name__)
 
@@ -269,8 +271,10 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
     raise ValueError(f'config.data.text_feature must be one of {release_lib.TEXT_FEATURES}, '
                      f'got {text_feature!r}')
   clip = text_feature == 'clip'
-  release_root = out_dir.rstrip('/') + '.release'
-  shutil.rmtree(release_root, ignore_errors=True)
+  # A new folder beside out_dir (removed at the end): never one of the user's.
+  parent, name = os.path.split(os.path.abspath(out_dir))
+  os.makedirs(parent, exist_ok=True)
+  release_root = tempfile.mkdtemp(prefix=f'.{name}.release-', dir=parent)
   try:
     write_mssl(generate(spec, seed), release_root, text_feature)
     prepare.prepare_shards(release_root, out_dir, collection=COLLECTION,
@@ -294,6 +298,27 @@ def shard_dir_of(size: str | Spec, out_dir: str, seed: int = 0, text_feature: st
   return os.path.join(out_dir, f'{name}-seed{seed}{suffix}')
 
 
+def _generated_here(shard_dir: str, stamp_path: str) -> bool:
+  """Whether `shard_dir` is one `ensure` may replace: empty, stamped by it, or a shard folder
+  of this benchmark (`prepare`'s manifest: a generation killed before its stamp)."""
+  if os.path.islink(shard_dir) or not os.path.isdir(shard_dir):
+    return False
+  if not os.listdir(shard_dir):
+    return True
+  found = []
+  for path in (stamp_path, os.path.join(shard_dir, shard_format.MANIFEST)):
+    try:
+      with open(path, encoding='utf-8') as f:
+        found.append(json.load(f))
+    except (OSError, ValueError):
+      found.append(None)
+  stamp, manifest = (x if isinstance(x, dict) else {} for x in found)
+  settings = manifest.get('preprocessing')
+  return 'generator_version' in stamp or (
+      manifest.get('format') == shard_format.FORMAT and isinstance(settings, dict)
+      and settings.get('collection') == COLLECTION)
+
+
 def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'roberta') -> str:
   """The shard folder (`shard_dir_of`) of the benchmark `(size, seed, text_feature)`, generated
   once: a folder stamped with the same generator version, spec, seed and text feature is kept."""
@@ -311,7 +336,12 @@ def ensure(size: str | Spec, out_dir: str, seed: int = 0, text_feature: str = 'r
     with open(stamp_path, encoding='utf-8') as f:
       if json.load(f) == json.loads(json.dumps(stamp)):
         return shard_dir
-  shutil.rmtree(shard_dir, ignore_errors=True)
+  if os.path.lexists(shard_dir):
+    if not _generated_here(shard_dir, stamp_path):
+      raise FileExistsError(
+          f'{shard_dir} exists but holds no synthetic benchmark (no synthetic.json or shard '
+          f'{shard_format.MANIFEST}); move it away, or choose another folder for the benchmark')
+    shutil.rmtree(shard_dir)
   _log.info('generating the synthetic benchmark into %s', shard_dir)
   write_shards(spec, shard_dir, seed, text_feature=text_feature)
   with open(stamp_path, 'w', encoding='utf-8') as f:

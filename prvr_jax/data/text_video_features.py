@@ -47,13 +47,17 @@ def _check_features(h5: release_lib.H5Features, ids: Sequence[str], kind: str, d
     if not ok:
       raise DataError(f'{kind} {short(i)} has features of shape {shape} in {h5.path}, '
                       f'expected {expected} (--dim={dim})')
+    release_lib.check_elements(shape, h5.path, f'{kind} {short(i)}')
   if missing:
     raise DataError(f'{len(missing)} of {len(ids)} {kind}s have no features in {h5.path}:\n'
                     f'{listing(missing, limit=release_lib.MAX_LISTED)}')
 
 
-def _read_finite(h5: release_lib.H5Features, key: str, kind: str) -> np.ndarray:
-  x = h5.read(key)
+def _read_finite(h5: release_lib.H5Features, key: str, kind: str,
+                 rows: np.ndarray | None = None) -> np.ndarray:
+  """`key`'s features (only `rows`, when given) as float32, refused unless finite floats; the
+  read is bounded by `release.MAX_FEATURE_ELEMENTS` (`H5Features.read`)."""
+  x = h5.read(key, rows)
   if x.dtype.kind != 'f':
     raise DataError(f'{kind} {short(key)} has {x.dtype} features in {h5.path}, expected floats')
   x = x.astype(np.float32)
@@ -95,14 +99,14 @@ def write_feature_release(splits: Mapping[str, text_video.TextVideoSplit], frame
   videos, captions = _merged(splits)
   with release_lib.H5Features(frame_features_h5, 'frame features') as vf, \
        release_lib.H5Features(text_features_h5, 'text features') as tf5:
-    _check_features(vf, videos, 'video', dim, frames=True)
+    _check_features(vf, videos, 'video', dim, frames=True)  # declared shapes, capped
     _check_features(tf5, list(dict.fromkeys(c for c, _, _ in captions.values())), 'caption',
                     dim, frames=False)
     n_frames = {v: vf.shape(v)[0] for v in videos}
     with release_lib.ReleaseWriter(out_root, collection, VISUAL_FEATURE, TEXT_FEATURE) as writer:
       for v in videos:
         idx = frames_lib.sample_frame_indices(n_frames[v], num_frames, 'uniform', video=v)
-        writer.add_video(v, _read_finite(vf, v, 'video')[idx])
+        writer.add_video(v, _read_finite(vf, v, 'video', idx))  # only the rows kept
       for name, split in splits.items():
         writer.write_captions(name, (
             (split.release_caption_id(c, v), t) for c, v, t in split.captions))

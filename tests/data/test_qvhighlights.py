@@ -243,6 +243,62 @@ def test_bad_features_name_the_file(tmp_path, damage, error, pattern):
   assert not out.exists() or not os.listdir(out)  # nothing half-written is left
 
 
+def _npz_declaring(path, shape, payload=b'\0' * 64, key='features', descr='<f4', fortran=False):
+  """An .npz whose member `key` has a .npy header declaring `shape` but holds `payload`."""
+  import io  # pylint: disable=g-import-not-at-top
+  import zipfile  # pylint: disable=g-import-not-at-top
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(
+      header, {'descr': descr, 'fortran_order': fortran, 'shape': shape})
+  with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as zf:
+    zf.writestr(f'{key}.npy', header.getvalue() + payload)
+
+
+def test_npz_member_declaring_more_than_the_cap_is_refused_before_reading(tmp_path):
+  """A SlowFast member declaring [420000, 2304] (3.9 GB inflated) is refused from its .npy
+  header: no allocation, the last line names the file and the key."""
+  ann, feat, _ = _fake_release(str(tmp_path))
+  path = qvh.feature_paths(feat, SEG_X)[0]
+  _npz_declaring(path, (420_000, qvh.SLOWFAST_DIM))
+  with pytest.raises(DataError) as e:
+    qvh.build_release(ann, feat, str(tmp_path / 'out'))
+  last = str(e.value).splitlines()[-1]
+  assert "'features' of the SlowFast features of XyZ_60.0_210.0 declares" in last
+  assert '(420000, 2304)' in last and last.endswith(path)
+  assert not os.path.exists(tmp_path / 'out' / 'qvhighlights')
+
+
+@pytest.mark.parametrize('make, pattern', [
+    (lambda p: _npz_declaring(p, (80, 2304)), r"'features' is truncated"),
+    (lambda p: _npz_declaring(p, (3,), descr='|O'), r"'features' holds Python objects"),
+    (lambda p: open(p, 'wb').write(b'not a zip'), r'cannot read as .npz'),
+], ids=['truncated', 'pickle', 'not-zip'])
+def test_bad_npz_members_name_the_file(tmp_path, make, pattern):
+  path = str(tmp_path / 'x.npz')
+  make(path)
+  with pytest.raises(DataError, match=pattern) as e:
+    qvh._load_npz(path, 'features', 2304, 'SlowFast features of x', qvh.MAX_SEGMENT_CLIPS)
+  assert str(e.value).splitlines()[-1].startswith(f'{path} (SlowFast features of x)')
+
+
+def test_npz_reads_only_the_rows_used(tmp_path):
+  """Of a 200-row member only the 75 used rows are read (a NaN past them is never seen); a
+  Fortran-ordered or float16 member reads as np.load reads it."""
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(200, 8)).astype(np.float32)
+  x[150] = np.nan
+  path = str(tmp_path / 'a.npz')
+  np.savez_compressed(path, features=x)
+  got = qvh._load_npz(path, 'features', 8, 'test', qvh.MAX_SEGMENT_CLIPS)
+  np.testing.assert_array_equal(got, x[:75])
+  with pytest.raises(DataError, match=r'a.npz \(test\): NaN/Inf in row 150'):
+    qvh._load_npz(path, 'features', 8, 'test')
+  for y in (np.asfortranarray(x[:100]), x[:40].astype(np.float16)):
+    np.savez(path, features=y)
+    np.testing.assert_array_equal(qvh._load_npz(path, 'features', 8, 'test', 75),
+                                  np.load(path)['features'][:75].astype(np.float32))
+
+
 def test_non_empty_out_is_refused(tmp_path):
   out = tmp_path / 'out'
   out.mkdir()

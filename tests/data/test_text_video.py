@@ -682,3 +682,89 @@ def test_feature_release_cli(tmp_path):
   assert 'train (train): 2 videos, 4 captions' in proc.stdout
   rel = release_lib.Release(tmp_path / 'out', 'msrvtt', tv.VISUAL_FEATURE, tv.TEXT_FEATURE)
   assert rel.splits == ('train', 'test') and rel.split('test').visual_dim == 512
+
+
+def test_feature_release_refuses_a_declared_shape_past_the_cap(tmp_path):
+  """A small frame HDF5 declaring one video as [5,000,000, 512] is refused from its metadata
+  (no numpy allocation error), the error's last line naming the file and the video."""
+  splits, _, _ = feature_inputs(tmp_path, dim=512)
+  with h5py.File(tmp_path / 'frames.h5', 'a') as f:
+    del f['video8']
+    f.create_dataset('video8', shape=(5_000_000, 512), dtype=np.float32, chunks=(1024, 512),
+                     compression='gzip')
+  assert os.path.getsize(tmp_path / 'frames.h5') < 1 << 20
+  with pytest.raises(DataError) as e:
+    tvx.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
+                              tmp_path / 'out', 'msrvtt')
+  last = str(e.value).splitlines()[-1]
+  assert "video 'video8' declares features of shape (5000000, 512)" in last
+  assert last.endswith(str(tmp_path / 'frames.h5'))
+  assert not os.path.exists(tmp_path / 'out' / 'msrvtt')
+
+
+def test_feature_release_reads_only_the_sampled_frames(tmp_path, monkeypatch):
+  """The writer reads the `num_frames` rows it keeps, not the whole video (same values)."""
+  splits, frames, _ = feature_inputs(tmp_path)
+  asked = []
+  read = release_lib.H5Features.read
+
+  def spy(self, key, rows=None):
+    asked.append((key, None if rows is None else len(rows)))
+    return read(self, key, rows)
+
+  monkeypatch.setattr(release_lib.H5Features, 'read', spy)
+  tvx.write_feature_release(splits, tmp_path / 'frames.h5', tmp_path / 'text.h5',
+                            tmp_path / 'out', 'msrvtt', num_frames=12, dim=16)
+  assert {k: n for k, n in asked if k in frames} == {v: 12 for v in frames}
+  layout = release_lib.Layout(str(tmp_path / 'out' / 'msrvtt'), 'msrvtt', tv.VISUAL_FEATURE,
+                              tv.TEXT_FEATURE)
+  with h5py.File(layout.clip_video_feature_path, 'r') as f:
+    idx = fr.sample_frame_indices(40, 12)
+    np.testing.assert_array_equal(f['video8'][...], frames['video8'][idx])
+
+
+def test_image_declaring_a_huge_size_is_refused_before_decoding(tmp_path):
+  """A PNG header claiming 100000x100000 pixels (a decompression bomb) is refused from the
+  header, naming the file."""
+  import struct  # pylint: disable=g-import-not-at-top
+  import zlib  # pylint: disable=g-import-not-at-top
+  ihdr = struct.pack('>IIBBBBB', 100_000, 100_000, 8, 2, 0, 0, 0)
+  chunk = lambda kind, data: (struct.pack('>I', len(data)) + kind + data
+                              + struct.pack('>I', zlib.crc32(kind + data)))
+  path = tmp_path / 'f0001.png'
+  path.write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', ihdr)
+                   + chunk(b'IDAT', zlib.compress(b'\0' * 1000)) + chunk(b'IEND', b''))
+  with pytest.raises(DataError) as e:
+    fr.decode_image(str(path))
+  last = str(e.value).splitlines()[-1]
+  assert last.startswith(f'{path}: the image declares 100000x100000 (WxH) pixels')
+
+
+def test_video_declaring_huge_frames_is_refused_before_decoding(tmp_path):
+  """A container declaring 100000x100000 frames (here a stub of cv2's reader) is refused
+  before a frame is decoded, naming the file."""
+  path = tmp_path / 'v.mp4'
+  path.write_bytes(b'')
+
+  class Capture:
+    def __init__(self, _):
+      self.reads = 0
+
+    def isOpened(self):  # pylint: disable=invalid-name
+      return True
+
+    def get(self, prop):
+      return {3: 100_000, 4: 100_000, 7: 10}[prop]
+
+    def read(self):
+      raise AssertionError('decoded a frame')
+
+    def release(self):
+      pass
+
+  cv2 = type('cv2', (), {'VideoCapture': Capture, 'CAP_PROP_FRAME_WIDTH': 3,
+                         'CAP_PROP_FRAME_HEIGHT': 4, 'CAP_PROP_FRAME_COUNT': 7})
+  with pytest.raises(DataError) as e:
+    fr._read_video_cv2(cv2, str(path), 12, 'uniform', None)
+  assert str(e.value).splitlines()[-1].startswith(
+      f'{path}: the video declares 100000x100000 (WxH) frames')
