@@ -22,7 +22,8 @@ Kinds (docs/two_stage.md has the measurements behind the defaults):
           approximate order), then keeps C videos.
 
 Files: `<folder>/candidates.faiss` (faiss's own format) and `<folder>/candidates.json` (kind,
-options, the index's identity: the sha256 of its index.json, the vector count), written last.
+options, the index's identity: the sha256 of its index.json, the vector count, the faiss
+file's size and sha256, checked on every load), written last.
 """
 
 from collections.abc import Iterator
@@ -289,7 +290,8 @@ class CandidateIndex:
         'dim': int(self.faiss_index.d), 'num_elements': self.num_elements,
         'index_path': self.index.path,
         'index_manifest_sha256': sha256_of(os.path.join(self.index.path, MANIFEST)),
-        'faiss_bytes': os.path.getsize(faiss_path), 'faiss_version': faiss.__version__,
+        'faiss_bytes': os.path.getsize(faiss_path), 'faiss_sha256': sha256_of(faiss_path),
+        'faiss_version': faiss.__version__,
         'created': files.utc_now()})
 
   @classmethod
@@ -319,6 +321,14 @@ class CandidateIndex:
     if not os.path.isfile(faiss_path) or os.path.getsize(faiss_path) != meta['faiss_bytes']:
       raise IndexFormatError(f'{faiss_path} is missing or does not hold the '
                              f'{meta["faiss_bytes"]} bytes {meta_path} records. Rebuild it.')
+    if 'faiss_sha256' not in meta:
+      raise IndexFormatError(f'{meta_path} records no checksum of {FAISS_FILE} (written by an '
+                             'older prvr_jax): rebuild it (prvr-index candidates).')
+    # The whole file is read by faiss anyway: its full sha256 is checked on every load.
+    if sha256_of(faiss_path) != meta['faiss_sha256']:
+      raise IndexFormatError(f'{faiss_path} does not match the checksum in {meta_path}: the '
+                             'file is damaged or was replaced. Rebuild it (prvr-index '
+                             'candidates).')
     faiss_index = faiss.read_index(faiss_path)
     if faiss_index.ntotal != meta['num_elements'] or faiss_index.d != meta['dim']:
       raise IndexFormatError(f'{faiss_path} holds {faiss_index.ntotal} vectors of width '
