@@ -121,9 +121,8 @@ def sample_digest(path: str) -> str:
     if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
       digest.update(f.read())
     else:
-      step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
-      for i in range(SAMPLE_BLOCKS):
-        f.seek(int(i * step))
+      for i in range(SAMPLE_BLOCKS):  # integer offsets: the last block ends at the last byte
+        f.seek(i * (size - SAMPLE_BYTES) // (SAMPLE_BLOCKS - 1))
         digest.update(f.read(SAMPLE_BYTES))
   return digest.hexdigest()
 
