@@ -132,8 +132,9 @@ def check_not_an_input(out: str, inputs: Mapping[str, str | None], flag: str = '
 def _current_step(checkpoint_arg: str) -> int | None:
   """The step `--checkpoint=checkpoint_arg` would load now (None when it cannot be told
   cheaply, e.g. the run folder is gone), from the finalised step folders only."""
+  location = checkpoint_lib._location  # pylint: disable=protected-access
   try:
-    _, directory, step = checkpoint_lib._location(checkpoint_arg)  # pylint: disable=protected-access
+    _, directory, step = location(checkpoint_arg)
   except (ValueError, OSError):
     return None
   if step is not None:

@@ -252,7 +252,8 @@ def test_overwrite_deletes_only_our_index(gmmformer_gallery, tmp_path):
   (pathlib.Path(index.path) / 'candidates').mkdir()
   (pathlib.Path(index.path) / 'candidates' / 'candidates.json').write_text(
       '{"format": "prvr_jax.candidates"}')
-  again = _index(gmmformer_gallery, index.path, overwrite=True)  # ours, with our temporary file: replaced
+  # Ours, with our temporary file and candidate files: replaced.
+  again = _index(gmmformer_gallery, index.path, overwrite=True)
   assert again.id != index.id and sorted(os.listdir(again.path)) == [
       'index.json', 'params.npz', 'shards']
 
