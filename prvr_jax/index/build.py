@@ -195,6 +195,10 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
   info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
           'data': built.get('trained_on')}
   output_dir = output_dir or f'{index.path}_eval_{split}'
+  target, folder = os.path.realpath(output_dir), os.path.realpath(index.path)
+  if target == folder or target.startswith(folder + os.sep):
+    raise ValueError(f'--output_dir={output_dir} lies in the index folder --index={index_dir}; '
+                     'choose another --output_dir.')
   mesh = parallel.make_mesh()
   check_pairing(index, config, checkpoint_path, mesh, allow_stale)
   loaded = outputs.load_split(config, split, info['workdir'] or output_dir, info['data'],

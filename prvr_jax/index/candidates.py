@@ -279,8 +279,18 @@ class CandidateIndex:
     interrupted save leaves no json."""
     faiss = import_faiss()
     os.makedirs(path, exist_ok=True)
+    meta_path = os.path.join(path, META_FILE)
+    if os.path.lexists(meta_path):
+      try:
+        with open(meta_path, encoding='utf-8') as f:
+          ours = json.load(f).get('format') == FORMAT
+      except (OSError, ValueError, AttributeError):
+        ours = False
+      if not ours or os.path.islink(meta_path):
+        raise ValueError(f'{meta_path} exists and is not a {FORMAT} file; refusing to replace '
+                         'it (choose another folder).')
     with contextlib.suppress(FileNotFoundError):
-      os.unlink(os.path.join(path, META_FILE))
+      os.unlink(meta_path)
     faiss_path = os.path.join(path, FAISS_FILE)
     files.write_atomic(faiss_path, lambda f: faiss.write_index(
         self.faiss_index, faiss.PyCallbackIOWriter(f.write)))

@@ -8,6 +8,7 @@ import pathlib
 import types
 
 import h5py
+import jax
 import numpy as np
 import pytest
 
@@ -294,3 +295,64 @@ def test_cli_refusals_name_the_file(gmmformer_gallery, tmp_path, xla_cache):
                          f'--queries={queries}', cache_dir=xla_cache, check=False)
   last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode and f'{video} does not match the checksum' in last, last
+
+
+def test_candidates_do_not_replace_a_foreign_file(gmmformer_gallery, tmp_path):
+  pytest.importorskip('faiss')
+  from prvr_jax.index.candidates import CandidateIndex  # pylint: disable=g-import-not-at-top
+  index = _index(gmmformer_gallery, tmp_path / 'index', dtype='float32')
+  folder = tmp_path / 'mine'
+  folder.mkdir()
+  (folder / 'candidates.json').write_text('{"my": "list"}')
+  with pytest.raises(ValueError) as e:
+    CandidateIndex.build(index, 'flat').save(str(folder))
+  assert str(e.value).splitlines()[-1].startswith(f'{folder / "candidates.json"} exists')
+  assert (folder / 'candidates.json').read_text() == '{"my": "list"}'
+
+
+def test_cli_outputs_equal_to_inputs_are_refused(gmmformer_gallery, tmp_path, xla_cache,
+                                                 config_path):
+  run = tmp_path / 'run'
+  run.mkdir()
+  proc = support.run_cli('prvr_jax/tools/index.py', 'build', f'--config={config_path}',
+                         f'--checkpoint={run}', f'--out={run}', '--overwrite',
+                         cache_dir=xla_cache, check=False)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode and f'--out={run} is the input --checkpoint={run}' in last, last
+  index = _index(gmmformer_gallery, tmp_path / 'index', dtype='float32')
+  config = gmmformer_gallery[0]
+  feats = np.zeros((1, config.model.max_query_len, config.model.query_dim), np.float32)
+  queries = _npz(tmp_path / 'q.npz', feats, np.ones(feats.shape[:2], np.float32))
+  proc = support.run_cli('prvr_jax/tools/index.py', 'search', f'--index={index.path}',
+                         f'--queries={queries}', f'--output={queries}', cache_dir=xla_cache,
+                         check=False)
+  assert proc.returncode and f'--output={queries} is the query file' in proc.stderr
+  assert np.load(queries)['query_feats'].shape == feats.shape
+
+
+def test_stale_index_against_a_checkpoint(reference_run, config_path, tiny_data, xla_cache,
+                                          gmmformer_gallery, tmp_path):
+  """An index of other parameters (and step) than --checkpoint's is refused by
+  `evaluate.py --index --checkpoint`, naming what differs and --allow_stale_index."""
+  config = support.load_config(config_path)
+  _, _, stored, ids, _ = gmmformer_gallery
+  loaded, info = checkpoint.load_params(str(reference_run), config, support.data_mesh(1))
+  step = info['step']
+  own = IndexWriter(str(tmp_path / 'own'), config.model, loaded,
+                    info={'step': step, 'checkpoint_source': 'prvr_jax'})
+  own.add({k: v[:1] for k, v in stored.items()}, ids[:1])
+  own = own.close()
+  assert own.manifest['params_fingerprint'] == checkpoint.tree_digest(loaded)
+  build.check_pairing(own, config, str(reference_run), support.data_mesh(1), False)
+  other = jax.tree.map(lambda x: np.asarray(x) + 1, loaded)
+  stale = IndexWriter(str(tmp_path / 'stale'), config.model, other,
+                      info={'step': step + 1, 'checkpoint_source': 'prvr_jax'})
+  stale.add({k: v[:1] for k, v in stored.items()}, ids[:1])
+  stale = stale.close()
+  proc = support.run_cli('evaluate.py', f'--config={config_path}',
+                         f'--config.data.dir={tiny_data}', f'--index={stale.path}',
+                         f'--checkpoint={reference_run}', cache_dir=xla_cache, check=False)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode and f'--index={stale.path} is stale' in last, last
+  assert f'step {step + 1} (index) vs {step}' in last and 'parameter fingerprint' in last
+  assert '--allow_stale_index' in last
