@@ -485,6 +485,14 @@ def _manifest(path: str) -> dict[str, Any]:
                          'shards', 'params', 'num_videos') if k not in manifest]
   if missing or manifest['dtype'] not in STORAGE_DTYPES:
     raise IndexFormatError(f'{manifest_path} lacks {missing} or has an unknown dtype.')
+  for shard in manifest['shards'] if isinstance(manifest['shards'], list) else [None]:
+    names = shard.get('files') if isinstance(shard, dict) else None
+    if (not isinstance(names, dict) or not isinstance(shard.get('name'), str)
+        or not shard['name'].isdigit()
+        or not all(isinstance(n, str) and n == os.path.basename(n) and n not in ('.', '..')
+                   for n in names)):
+      raise IndexFormatError(f'{manifest_path}: a shard entry is not a shard of this format '
+                             f'({short(shard)}).')
   if 'id' in manifest and manifest['id'] != manifest_id(manifest):
     raise IndexFormatError(f'{manifest_path} was changed after the index was built: its id '
                            f'{manifest["id"]} does not match its content. Rebuild the index.')

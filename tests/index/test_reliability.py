@@ -356,3 +356,18 @@ def test_stale_index_against_a_checkpoint(reference_run, config_path, tiny_data,
   assert proc.returncode and f'--index={stale.path} is stale' in last, last
   assert f'step {step + 1} (index) vs {step}' in last and 'parameter fingerprint' in last
   assert '--allow_stale_index' in last
+
+
+def test_manifest_cannot_name_files_outside_the_index(gmmformer_gallery, tmp_path):
+  index = _index(gmmformer_gallery, tmp_path / 'index')
+  path = pathlib.Path(index.path) / 'index.json'
+  manifest = json.loads(path.read_text())
+  manifest['shards'][0]['name'] = '../../elsewhere'
+  manifest['id'] = store.manifest_id(manifest)  # a forged manifest with a matching id
+  path.write_text(json.dumps(manifest))
+  with pytest.raises(IndexFormatError) as e:
+    open_index(index.path)
+  assert str(e.value).splitlines()[-1].startswith(f'{path}: a shard entry is not a shard')
+  config, params, *_ = gmmformer_gallery
+  with pytest.raises(ValueError, match='Refusing to overwrite'):
+    IndexWriter(index.path, config.model, params, overwrite=True)
