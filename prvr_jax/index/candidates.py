@@ -23,7 +23,8 @@ Kinds (docs/two_stage.md has the measurements behind the defaults):
 
 Files: `<folder>/candidates.faiss` (faiss's own format) and `<folder>/candidates.json` (kind,
 options, the index's identity: the sha256 of its index.json, the vector count, the faiss
-file's size and sha256, checked on every load), written last.
+file's size, mtime, sha256 and sampled digest, checked on every load as an index's files are),
+written last.
 """
 
 from collections.abc import Iterator
@@ -38,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from prvr_jax import files
-from prvr_jax.index.store import MANIFEST, Index, IndexFormatError, sha256_of
+from prvr_jax.index.store import MANIFEST, Index, IndexFormatError, check_file
+from prvr_jax.index.store import file_entry, sha256_of
 
 FORMAT = 'prvr_jax.candidates'
 FORMAT_VERSION = 1
@@ -300,13 +302,15 @@ class CandidateIndex:
         'dim': int(self.faiss_index.d), 'num_elements': self.num_elements,
         'index_path': self.index.path,
         'index_manifest_sha256': sha256_of(os.path.join(self.index.path, MANIFEST)),
-        'faiss_bytes': os.path.getsize(faiss_path), 'faiss_sha256': sha256_of(faiss_path),
+        'faiss_bytes': os.path.getsize(faiss_path), 'faiss': file_entry(faiss_path),
         'faiss_version': faiss.__version__,
         'created': files.utc_now()})
 
   @classmethod
-  def load(cls, path: str, index: Index) -> 'CandidateIndex':
-    """The candidate index saved in folder `path`, checked to be built for `index`."""
+  def load(cls, path: str, index: Index, verify: bool = False) -> 'CandidateIndex':
+    """The candidate index saved in folder `path`, checked to be built for `index`, its faiss
+    file checked against candidates.json as an index's files are (`store.check_file`: size and
+    sampled digest, the full sha256 when its mtime changed or with `verify`)."""
     faiss = import_faiss()
     meta_path = os.path.join(path, META_FILE)
     faiss_path = os.path.join(path, FAISS_FILE)
@@ -331,14 +335,10 @@ class CandidateIndex:
     if not os.path.isfile(faiss_path) or os.path.getsize(faiss_path) != meta['faiss_bytes']:
       raise IndexFormatError(f'{faiss_path} is missing or does not hold the '
                              f'{meta["faiss_bytes"]} bytes {meta_path} records. Rebuild it.')
-    if 'faiss_sha256' not in meta:
+    if not isinstance(meta.get('faiss'), dict) or 'sha256' not in meta['faiss']:
       raise IndexFormatError(f'{meta_path} records no checksum of {FAISS_FILE} (written by an '
                              'older prvr_jax): rebuild it (prvr-index candidates).')
-    # The whole file is read by faiss anyway: its full sha256 is checked on every load.
-    if sha256_of(faiss_path) != meta['faiss_sha256']:
-      raise IndexFormatError(f'{faiss_path} does not match the checksum in {meta_path}: the '
-                             'file is damaged or was replaced. Rebuild it (prvr-index '
-                             'candidates).')
+    check_file(faiss_path, meta['faiss'], verify, meta_path)
     faiss_index = faiss.read_index(faiss_path)
     if faiss_index.ntotal != meta['num_elements'] or faiss_index.d != meta['dim']:
       raise IndexFormatError(f'{faiss_path} holds {faiss_index.ntotal} vectors of width '

@@ -102,7 +102,7 @@ def _search() -> None:
   if FLAGS.candidates:
     from prvr_jax.index import candidates  # pylint: disable=g-import-not-at-top
     result = searcher.search_two_stage(
-        queries, candidates.CandidateIndex.load(FLAGS.candidates, index),
+        queries, candidates.CandidateIndex.load(FLAGS.candidates, index, FLAGS.verify),
         FLAGS.num_candidates, k=FLAGS.k, query_ids=ids)
   else:
     result = searcher.search(queries, k=FLAGS.k, query_ids=ids)

@@ -88,6 +88,11 @@ def test_damaged_candidate_file_is_refused(gmmformer_gallery, tmp_path):
   CandidateIndex.build(index, 'flat').save(str(folder))
   assert CandidateIndex.load(str(folder), index).num_elements > 0
   faiss_path = folder / 'candidates.faiss'
+  _flip(faiss_path, faiss_path.stat().st_size // 2, keep_mtime=True)  # bit rot, mtime kept
+  for verify in (False, True):
+    with pytest.raises(IndexFormatError, match=r'candidates\.faiss does not match'):
+      CandidateIndex.load(str(folder), index, verify=verify)
+  _flip(faiss_path, faiss_path.stat().st_size // 2, keep_mtime=True)
   data = bytearray(faiss_path.read_bytes())
   data[100:100 + 4096] = bytes(4096)  # 4 KiB zeroed, same size
   faiss_path.write_bytes(bytes(data))
@@ -96,7 +101,7 @@ def test_damaged_candidate_file_is_refused(gmmformer_gallery, tmp_path):
   assert str(e.value).splitlines()[-1].startswith(f'{faiss_path} does not match the checksum')
   meta_path = folder / 'candidates.json'
   meta = json.loads(meta_path.read_text())
-  del meta['faiss_sha256']  # a file of an older prvr_jax
+  del meta['faiss']  # a file of an older prvr_jax
   meta_path.write_text(json.dumps(meta))
   with pytest.raises(IndexFormatError, match=r'candidates\.json records no checksum'):
     CandidateIndex.load(str(folder), index)
