@@ -6,14 +6,17 @@
 """
 
 from collections.abc import Mapping
+import os
 from typing import Any
 
+from absl import logging
 from flax.traverse_util import unflatten_dict
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from prvr_jax import checkpoint as checkpoint_lib
 from prvr_jax import config_lib
 from prvr_jax import parallel
 from prvr_jax.eval import outputs
@@ -97,23 +100,94 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
   it; the manifest records the checkpoint, its workdir and the data identities, so that
   `evaluate.py --index` checks the data as `--checkpoint` would."""
   config_lib.validate(config)
+  check_not_an_input(out_dir, {'--checkpoint': checkpoint_path,
+                               '--config.data.dir': config.data.get('dir')})
   loaded = outputs.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)
   info = loaded['info']
   return build_index(config, loaded['params'], loaded['data'], out_dir, dtype=dtype,
                      shard_videos=shard_videos, overwrite=overwrite, mesh=loaded['mesh'],
                      info={'checkpoint': info['path'], 'checkpoint_source': info['source'],
+                           'checkpoint_arg': os.path.abspath(checkpoint_path),
+                           'step': info.get('step'),
                            'workdir': info['workdir'], 'trained_on': info['data'],
                            'split': split, 'data': loaded['evaluated_on'],
                            'cross_dataset': loaded['cross']})
 
 
+def check_not_an_input(out: str, inputs: Mapping[str, str | None], flag: str = '--out'
+                       ) -> None:
+  """Refuses an output that is one of the inputs (flag -> path) or a folder holding one:
+  writing (or overwriting) it would destroy what is read."""
+  target = os.path.realpath(out)
+  for name, path in inputs.items():
+    if not path:
+      continue
+    source = os.path.realpath(path)
+    if source == target or source.startswith(target.rstrip(os.sep) + os.sep):
+      raise ValueError(f'{flag}={out} is {"" if source == target else "a folder holding "}the '
+                       f'input {name}={path}; choose another {flag}.')
+
+
+def _current_step(checkpoint_arg: str) -> int | None:
+  """The step `--checkpoint=checkpoint_arg` would load now (None when it cannot be told
+  cheaply, e.g. the run folder is gone), from the finalised step folders only."""
+  location = checkpoint_lib._location  # pylint: disable=protected-access
+  try:
+    _, directory, step = location(checkpoint_arg)
+  except (ValueError, OSError):
+    return None
+  if step is not None:
+    return step
+  item = (checkpoint_lib.BEST_ITEM if os.path.basename(directory) == checkpoint_lib.BEST_DIR
+          else checkpoint_lib.LATEST_ITEM)
+  steps = checkpoint_lib.complete_steps(directory, item) if os.path.isdir(directory) else []
+  return max(steps) if steps else None
+
+
+def check_pairing(index: Index, config: ml_collections.ConfigDict,
+                  checkpoint_path: str | None, mesh: Any, allow_stale: bool) -> None:
+  """Refuses an index whose parameters are not those of `checkpoint_path` (its step or the
+  parameters' fingerprint differ) or, without one, not those its recorded checkpoint argument
+  (a run folder) gives now; `allow_stale` (--allow_stale_index) accepts it knowingly."""
+  built = index.manifest.get('info', {})
+  have_step, have_print = built.get('step'), index.manifest.get('params_fingerprint')
+  differs = []
+  if checkpoint_path is not None:
+    params, info = checkpoint_lib.load_params(checkpoint_path, config, mesh)
+    now = checkpoint_lib.tree_digest(params)
+    if info.get('step') != have_step:
+      differs.append(f'step {have_step} (index) vs {info.get("step")} (--checkpoint)')
+    if have_print is None:
+      differs.append('the index records no parameter fingerprint')
+    elif now != have_print:
+      differs.append(f'parameter fingerprint {have_print[:12]} (index) vs {now[:12]} '
+                     '(--checkpoint)')
+    against = f'--checkpoint={checkpoint_path}'
+  elif built.get('checkpoint_source') == 'prvr_jax' and built.get('checkpoint_arg'):
+    now_step = _current_step(built['checkpoint_arg'])
+    if now_step is not None and have_step is not None and now_step != have_step:
+      differs.append(f'step {have_step} (index) vs {now_step} ({built["checkpoint_arg"]} now)')
+    against = f'its checkpoint {built["checkpoint_arg"]}'
+  if differs and not allow_stale:
+    raise ValueError(f'--index={index.path} is stale against {against}: '
+                     f'{"; ".join(differs)}. Rebuild the index (prvr-index build --overwrite), '
+                     'or pass --allow_stale_index to evaluate its own parameters knowingly.')
+  if differs:
+    logging.warning('Evaluating stale index %s (%s): --allow_stale_index.', index.path,
+                    '; '.join(differs))
+
+
 def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str = 'test',
-                   output_dir: str | None = None, cross_dataset: bool = False) -> EvalResult:
+                   output_dir: str | None = None, cross_dataset: bool = False,
+                   checkpoint_path: str | None = None, allow_stale: bool = False
+                   ) -> EvalResult:
   """`evaluate.py --index`: evaluates `split` on the stored videos of an index of it (its
   model and parameters; nothing is re-encoded), checks the data as `--checkpoint` would (the
-  index records its checkpoint's training data), and writes the outputs to `output_dir`
-  (default `<index>_eval_<split>`)."""
+  index records its checkpoint's training data), refuses a stale index (`check_pairing`:
+  against `checkpoint_path` when given, else against what its recorded run gives now, unless
+  `allow_stale`), and writes the outputs to `output_dir` (default `<index>_eval_<split>`);
+  metrics.json names the index and its provenance (`Index.provenance`, key 'index')."""
   config_lib.validate(config)
   outputs.check_output_dir(output_dir)
   index = open_index(index_dir, config, verify=True)
@@ -121,7 +195,12 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
   info = {'source': 'index', 'path': index.path, 'workdir': built.get('workdir'),
           'data': built.get('trained_on')}
   output_dir = output_dir or f'{index.path}_eval_{split}'
+  target, folder = os.path.realpath(output_dir), os.path.realpath(index.path)
+  if target == folder or target.startswith(folder + os.sep):
+    raise ValueError(f'--output_dir={output_dir} lies in the index folder --index={index_dir}; '
+                     'choose another --output_dir.')
   mesh = parallel.make_mesh()
+  check_pairing(index, config, checkpoint_path, mesh, allow_stale)
   loaded = outputs.load_split(config, split, info['workdir'] or output_dir, info['data'],
                               index.path, cross_dataset)
   data, evaluated_on, cross = loaded['data'], loaded['evaluated_on'], loaded['cross']
@@ -132,5 +211,13 @@ def evaluate_index(config: ml_collections.ConfigDict, index_dir: str, split: str
   result = evaluator.evaluate(parallel.replicate(index.params(), mesh), data, gallery=gallery,
                               phases=phases)
   result.timings['total'] += result.timings['load_gallery']
-  outputs.finish(config, result, output_dir, split, info, evaluated_on, cross, index.path)
+  if jax.process_index() == 0:
+    outputs.write_outputs(output_dir, result, {
+        'split': split, 'checkpoint': info['path'], 'checkpoint_source': info['source'],
+        'model': config.model.name, 'data': evaluated_on, 'trained_on': info['data'],
+        'cross_dataset': cross, 'index': index.provenance()})
+  logging.info('%s (id %s, checkpoint %s step %s) on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f '
+               'SumR %.1f -> %s', index.path, index.id, built.get('checkpoint'),
+               built.get('step'), split,
+               *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)
   return result

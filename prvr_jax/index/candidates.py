@@ -22,7 +22,9 @@ Kinds (docs/two_stage.md has the measurements behind the defaults):
           approximate order), then keeps C videos.
 
 Files: `<folder>/candidates.faiss` (faiss's own format) and `<folder>/candidates.json` (kind,
-options, the index's identity: the sha256 of its index.json, the vector count), written last.
+options, the index's identity: the sha256 of its index.json, the vector count, the faiss
+file's size, mtime, sha256 and sampled digest, checked on every load as an index's files are),
+written last.
 """
 
 from collections.abc import Iterator
@@ -37,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from prvr_jax import files
-from prvr_jax.index.store import MANIFEST, Index, IndexFormatError, sha256_of
+from prvr_jax.index.store import MANIFEST, Index, IndexFormatError, check_file
+from prvr_jax.index.store import file_entry, sha256_of
 
 FORMAT = 'prvr_jax.candidates'
 FORMAT_VERSION = 1
@@ -278,8 +281,18 @@ class CandidateIndex:
     interrupted save leaves no json."""
     faiss = import_faiss()
     os.makedirs(path, exist_ok=True)
+    meta_path = os.path.join(path, META_FILE)
+    if os.path.lexists(meta_path):
+      try:
+        with open(meta_path, encoding='utf-8') as f:
+          ours = json.load(f).get('format') == FORMAT
+      except (OSError, ValueError, AttributeError):
+        ours = False
+      if not ours or os.path.islink(meta_path):
+        raise ValueError(f'{meta_path} exists and is not a {FORMAT} file; refusing to replace '
+                         'it (choose another folder).')
     with contextlib.suppress(FileNotFoundError):
-      os.unlink(os.path.join(path, META_FILE))
+      os.unlink(meta_path)
     faiss_path = os.path.join(path, FAISS_FILE)
     files.write_atomic(faiss_path, lambda f: faiss.write_index(
         self.faiss_index, faiss.PyCallbackIOWriter(f.write)))
@@ -289,12 +302,15 @@ class CandidateIndex:
         'dim': int(self.faiss_index.d), 'num_elements': self.num_elements,
         'index_path': self.index.path,
         'index_manifest_sha256': sha256_of(os.path.join(self.index.path, MANIFEST)),
-        'faiss_bytes': os.path.getsize(faiss_path), 'faiss_version': faiss.__version__,
+        'faiss_bytes': os.path.getsize(faiss_path), 'faiss': file_entry(faiss_path),
+        'faiss_version': faiss.__version__,
         'created': files.utc_now()})
 
   @classmethod
-  def load(cls, path: str, index: Index) -> 'CandidateIndex':
-    """The candidate index saved in folder `path`, checked to be built for `index`."""
+  def load(cls, path: str, index: Index, verify: bool = False) -> 'CandidateIndex':
+    """The candidate index saved in folder `path`, checked to be built for `index`, its faiss
+    file checked against candidates.json as an index's files are (`store.check_file`: size and
+    sampled digest, the full sha256 when its mtime changed or with `verify`)."""
     faiss = import_faiss()
     meta_path = os.path.join(path, META_FILE)
     faiss_path = os.path.join(path, FAISS_FILE)
@@ -319,6 +335,10 @@ class CandidateIndex:
     if not os.path.isfile(faiss_path) or os.path.getsize(faiss_path) != meta['faiss_bytes']:
       raise IndexFormatError(f'{faiss_path} is missing or does not hold the '
                              f'{meta["faiss_bytes"]} bytes {meta_path} records. Rebuild it.')
+    if not isinstance(meta.get('faiss'), dict) or 'sha256' not in meta['faiss']:
+      raise IndexFormatError(f'{meta_path} records no checksum of {FAISS_FILE} (written by an '
+                             'older prvr_jax): rebuild it (prvr-index candidates).')
+    check_file(faiss_path, meta['faiss'], verify, meta_path)
     faiss_index = faiss.read_index(faiss_path)
     if faiss_index.ntotal != meta['num_elements'] or faiss_index.d != meta['dim']:
       raise IndexFormatError(f'{faiss_path} holds {faiss_index.ntotal} vectors of width '

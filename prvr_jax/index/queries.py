@@ -33,6 +33,8 @@ class TokenFeatures:
     self._cached: tuple[int, int, tuple[np.ndarray, np.ndarray]] | None = None
     with self._open() as h5:
       self.ids = list(h5.keys())
+      if not self.ids:
+        raise ValueError(f'--queries={path} holds no queries (no dataset).')
       for query_id in self.ids:
         item = h5[query_id]
         if not isinstance(item, h5py.Dataset):
@@ -108,7 +110,12 @@ def _arrays(path: str, inputs: tuple[str, ...], config_model: Any
   if missing:
     raise ValueError(f'--queries={path} lacks {missing}; model {config_model.name} reads '
                      f'{list(inputs)} (and optional ids).')
+  for key in inputs:
+    if arrays[key].ndim == 0:
+      raise ValueError(f'--queries={path}: {key} is a scalar, not an array of queries.')
   count = len(arrays[inputs[0]])
+  if not count:
+    raise ValueError(f'--queries={path}: {inputs[0]} holds no queries.')
   for key in inputs:
     if len(arrays[key]) != count:
       raise ValueError(f'--queries={path}: {key} holds {len(arrays[key])} queries, '
@@ -119,10 +126,63 @@ def _arrays(path: str, inputs: tuple[str, ...], config_model: Any
       raise ValueError(f'--queries={path}: query_feats has shape '
                        f'{arrays["query_feats"].shape}; the model reads [Q, {want[0]}, '
                        f'{want[1]}].')
+  if 'ids' in arrays and arrays['ids'].ndim != 1:
+    raise ValueError(f'--queries={path}: ids has shape {arrays["ids"].shape}; expected [Q].')
   ids = [str(i) for i in arrays['ids']] if 'ids' in arrays else [str(i) for i in range(count)]
   if len(ids) != count:
     raise ValueError(f'--queries={path}: {len(ids)} ids for {count} queries.')
+  seen = set()
+  for query_id in ids:
+    if query_id in seen:
+      raise ValueError(f'--queries={path}: key ids lists query {short(query_id)} twice.')
+    seen.add(query_id)
+  _check_values(path, arrays, inputs, ids)
   return {k: arrays[k] for k in inputs}, ids
+
+
+def _check_values(path: str, arrays: dict[str, np.ndarray], inputs: tuple[str, ...],
+                  ids: list[str]) -> None:
+  """Refuses a mask of the wrong shape or values, non-finite kept tokens and a query with no
+  kept token (all padding), naming the file, the key and the first query at fault."""
+  count = len(ids)
+
+  def refuse(key: str, rows: np.ndarray, what: str) -> None:
+    first = int(np.flatnonzero(rows)[0])
+    raise ValueError(f'--queries={path}: key {key}, query {short(ids[first])} {what} '
+                     f'({int(rows.sum())} such queries).')
+
+  if 'query_feats' in inputs:
+    feats = arrays['query_feats']
+    if not np.issubdtype(feats.dtype, np.number):
+      raise ValueError(f'--queries={path}: query_feats has dtype {feats.dtype}; expected '
+                       'numbers.')
+    kept = np.ones(feats.shape[:2], bool)
+    if 'query_mask' in inputs:
+      mask = arrays['query_mask']
+      if mask.shape != feats.shape[:2]:
+        raise ValueError(f'--queries={path}: query_mask has shape {mask.shape}; query_feats '
+                         f'{feats.shape} needs [Q, L] = {list(feats.shape[:2])}.')
+      if not np.issubdtype(mask.dtype, np.number) and mask.dtype != bool:
+        raise ValueError(f'--queries={path}: query_mask has dtype {mask.dtype}; expected 0/1.')
+      flat = mask.reshape(count, -1).astype(np.float64)
+      bad = ~((flat == 0) | (flat == 1)).all(axis=1)
+      if bad.any():
+        refuse('query_mask', bad, 'has mask values other than 0 and 1')
+      kept = mask.astype(bool)
+      if not kept.any(axis=1).all():
+        refuse('query_mask', ~kept.any(axis=1), 'is all padding (its mask is all 0)')
+    if np.issubdtype(feats.dtype, np.inexact):
+      bad = (kept[..., None] & ~np.isfinite(feats)).reshape(count, -1).any(axis=1)
+      if bad.any():
+        refuse('query_feats', bad, 'holds NaN or infinite values in its kept tokens')
+  if 'tokens' in inputs:
+    tokens = arrays['tokens']
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+      raise ValueError(f'--queries={path}: tokens has shape {tokens.shape} and dtype '
+                       f'{tokens.dtype}; expected [Q, context length] integers.')
+    empty = ~(tokens != 0).any(axis=1)
+    if empty.any():
+      refuse('tokens', empty, 'is all padding (every token is 0)')
 
 
 def _texts(path: str, config_model: Any) -> tuple[dict[str, np.ndarray], list[str]]:

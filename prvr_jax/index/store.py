@@ -3,10 +3,12 @@
 Layout of an index folder (written by `IndexWriter`, read by `open_index`):
 
   index.json                 the manifest, written last (its presence means "complete"):
-                             format version, model name and config fingerprint, the
-                             `config.model` section, storage dtype, every stored leaf's
-                             per-video shape, and per shard its video count and the size and
-                             sha256 of every file
+                             format version, its own id (a digest of its content), model
+                             name and config fingerprint, the `config.model` section, the
+                             parameters' fingerprint, storage dtype, every stored leaf's
+                             per-video shape, per shard its video count and of every file the
+                             size, mtime, sha256 and a sampled-block digest, and in `info`
+                             what produced it (checkpoint, step, data)
   params.npz                 the model's parameters (query encoder and scorer), no pickles
   shards/00000/<leaf>.npy    rows of one shard, one file per stored leaf ('a/b' -> 'a.b')
   shards/00000/<leaf>.scale.npy   int8 only: one float32 scale per stored vector
@@ -15,6 +17,10 @@ Layout of an index folder (written by `IndexWriter`, read by `open_index`):
 Storage dtypes: 'float32' (exact), 'bfloat16', or 'int8' with one scale per vector (the last
 axis): `x ~ q * scale`, `scale = max|x| / 127`. Masks (leaves named `*mask`), per-vector
 norms (`*norms`) and integer leaves (the per-video noise seed) are always stored exactly.
+
+Every open checks each file's size, and its sampled-block digest (`SAMPLE_BLOCKS` blocks)
+when its mtime is the one recorded, else its full sha256 (a copied or touched file); `verify`
+checks every file's full sha256. ids.json and params.npz are always checked in full.
 
 A gallery larger than host memory is built shard by shard: `IndexWriter.add` holds at most one
 shard of rows in memory, and a search reads the shards through memory maps, chunk by chunk.
@@ -26,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 from typing import Any
 
 import jax
@@ -49,6 +54,11 @@ IDS_FILE = 'ids.json'
 STORAGE_DTYPES = ('float32', 'bfloat16', 'int8')
 INT8_MAX = 127.0
 _HASH_BLOCK = 1 << 24
+# A cheap digest checked on every open: this many blocks of `SAMPLE_BYTES`, spread evenly over
+# the file (its first and last bytes included).
+SAMPLE_BLOCKS = 64
+SAMPLE_BYTES = 4096
+CANDIDATES_DIR = 'candidates'
 
 
 class IndexFormatError(ValueError):
@@ -102,9 +112,65 @@ def sha256_of(path: str) -> str:
   return digest.hexdigest()
 
 
+def sample_digest(path: str) -> str:
+  """sha256 of `SAMPLE_BLOCKS` blocks of `SAMPLE_BYTES` spread evenly over the file (the whole
+  file when it is smaller): reads a bounded number of bytes whatever the file's size."""
+  size = os.path.getsize(path)
+  digest = hashlib.sha256(str(size).encode())
+  with open(path, 'rb') as f:
+    if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+      digest.update(f.read())
+    else:
+      for i in range(SAMPLE_BLOCKS):  # integer offsets: the last block ends at the last byte
+        f.seek(i * (size - SAMPLE_BYTES) // (SAMPLE_BLOCKS - 1))
+        digest.update(f.read(SAMPLE_BYTES))
+  return digest.hexdigest()
+
+
+def file_entry(path: str) -> dict[str, Any]:
+  """What a manifest records of a written file: size, mtime, sha256 and sampled digest."""
+  return {'bytes': os.path.getsize(path), 'mtime_ns': os.stat(path).st_mtime_ns,
+          'sha256': sha256_of(path), 'sample': sample_digest(path)}
+
+
+def check_file(path: str, entry: Mapping[str, Any], full: bool, listed_in: str) -> bool:
+  """Checks a file against its manifest `entry`: its size, then its full sha256 when `full`,
+  when its mtime differs from the recorded one or the entry has no sampled digest (an older
+  index), else its sampled digest. Returns whether the full sha256 was checked."""
+  if not os.path.isfile(path):
+    raise IndexFormatError(f'{path} is missing from the index.')
+  size = os.path.getsize(path)
+  if size != entry.get('bytes'):
+    raise IndexFormatError(f'{path} holds {size} bytes, {listed_in} says {entry.get("bytes")}: '
+                           'the file is truncated or damaged. Rebuild the index.')
+  full = (full or 'sample' not in entry
+          or os.stat(path).st_mtime_ns != entry.get('mtime_ns'))
+  if full:
+    ok = sha256_of(path) == entry.get('sha256')
+  else:
+    ok = sample_digest(path) == entry['sample']
+  if not ok:
+    raise IndexFormatError(f'{path} does not match the checksum in {listed_in}: the file is '
+                           'damaged or was replaced. Rebuild the index.')
+  return full
+
+
 def _file_entry(folder: str, relative: str) -> dict[str, Any]:
-  path = os.path.join(folder, relative)
-  return {'bytes': os.path.getsize(path), 'sha256': sha256_of(path)}
+  return file_entry(os.path.join(folder, relative))
+
+
+def manifest_id(manifest: Mapping[str, Any]) -> str:
+  """An index's id: a digest of its manifest without the id (so an edited or foreign
+  manifest does not carry a valid one)."""
+  body = {k: v for k, v in manifest.items() if k != 'id'}
+  text = json.dumps(body, sort_keys=True, separators=(',', ':'))
+  return hashlib.sha256(text.encode('utf-8')).hexdigest()[:24]
+
+
+def params_fingerprint(params: Any) -> str:
+  """The parameters' digest (`checkpoint.tree_digest`: dtype, shape and bytes of each leaf),
+  comparable with one of a checkpoint's parameters."""
+  return checkpoint.tree_digest(params)
 
 
 def flatten_params(params: Any) -> dict[str, np.ndarray]:
@@ -150,11 +216,8 @@ class IndexWriter:
     if os.path.isdir(out_dir) and os.listdir(out_dir):
       if not overwrite:
         raise ValueError(f'{out_dir} is not empty; choose a new folder or pass overwrite.')
-      if not os.path.isfile(os.path.join(out_dir, MANIFEST)):
-        raise ValueError(f'{out_dir} is not empty and holds no index ({MANIFEST}); refusing '
-                         'to replace it.')
-      shutil.rmtree(out_dir)
-    os.makedirs(os.path.join(out_dir, SHARDS_DIR))
+      remove_index(out_dir)
+    os.makedirs(os.path.join(out_dir, SHARDS_DIR), exist_ok=True)
     self.out_dir = out_dir
     self.config_model = config_model
     self.dtype = dtype
@@ -165,6 +228,7 @@ class IndexWriter:
     self.leaves = {name: (tuple(s.shape), np.dtype(s.dtype))
                    for name, s in self.spec.stored_per_video(config_model).items()}
     flat = flatten_params(params)
+    self.params_fingerprint = params_fingerprint(params)
     files.write_atomic(os.path.join(out_dir, PARAMS_FILE),
                        lambda f: np.savez(f, **flat))
     self.params_entry = _file_entry(out_dir, PARAMS_FILE)
@@ -188,6 +252,13 @@ class IndexWriter:
       if array.shape != (len(ids),) + shape:
         raise ValueError(f'Encoded leaf {name!r} has shape {array.shape}, expected '
                          f'{(len(ids),) + shape} for {len(ids)} ids.')
+    for name, array in flat.items():
+      if np.issubdtype(array.dtype, np.inexact):
+        bad = ~np.isfinite(array.reshape(len(ids), -1)).all(axis=1)
+        if bad.any():
+          raise ValueError(f'{self.out_dir}: video {short(ids[int(np.flatnonzero(bad)[0])])} '
+                           f'holds NaN or infinite values in leaf {name!r} ({int(bad.sum())} '
+                           'such videos); refusing to index them.')
     for video_id in ids:
       if video_id in self.seen:
         raise ValueError(f'Video id {short(video_id)} is added to the index twice.')
@@ -217,6 +288,7 @@ class IndexWriter:
         parts = {'values': rows}
       else:
         parts = quantize(rows, self.dtype)
+        self._check_quantized(leaf, parts, ids)
       outputs[leaf_file(leaf)] = files.npy_writer(parts['values'])
       if 'scale' in parts:
         outputs[scale_file(leaf)] = files.npy_writer(parts['scale'])
@@ -224,6 +296,21 @@ class IndexWriter:
     entry['files'] = {f: _file_entry(folder, f) for f in sorted(outputs)}
     self.shards.append(entry)
     self.pending, self.pending_rows = [], 0
+
+  def _check_quantized(self, leaf: str, parts: Mapping[str, np.ndarray],
+                       ids: Sequence[str]) -> None:
+    """Refuses finite rows that the storage dtype cannot hold (a bfloat16 overflow)."""
+    values = parts['values']
+    if self.dtype == 'bfloat16':
+      bad = ((values & 0x7F80) == 0x7F80).reshape(len(ids), -1).any(axis=1)
+    elif 'scale' in parts:
+      bad = ~np.isfinite(parts['scale']).reshape(len(ids), -1).all(axis=1)
+    else:
+      return
+    if bad.any():
+      raise ValueError(f'{self.out_dir}: video {short(ids[int(np.flatnonzero(bad)[0])])} has '
+                       f'values in leaf {leaf!r} that {self.dtype} storage turns infinite; '
+                       'refusing to index it (choose float32).')
 
   def close(self) -> 'Index':
     """Writes the last shard and the manifest; returns the index, opened."""
@@ -240,8 +327,10 @@ class IndexWriter:
                        'exact': exact_leaf(k, dt)} for k, (shape, dt) in self.leaves.items()},
         'num_videos': sum(s['num_videos'] for s in self.shards),
         'bytes_per_video': bytes_per_video(self.leaves, self.dtype),
-        'params': self.params_entry, 'shards': self.shards,
-        'created': files.utc_now(), 'info': self.info}
+        'params': self.params_entry, 'params_fingerprint': self.params_fingerprint,
+        'shards': self.shards, 'created': files.utc_now(), 'info': self.info}
+    manifest = json.loads(json.dumps(manifest))  # as it will be read back
+    manifest['id'] = manifest_id(manifest)
     files.write_json(os.path.join(self.out_dir, MANIFEST), manifest)
     self.closed = True
     return open_index(self.out_dir)
@@ -281,6 +370,23 @@ class Index:
     self.shards = shards
     self.ids = tuple(i for s in shards for i in s.ids)
     self.spec = registry.get_spec(self.config_model)
+    self.verified = 'sampled'  # set by open_index: 'sampled' or 'full' (every file's sha256)
+
+  @property
+  def id(self) -> str | None:
+    """The manifest's id (None for an index written before ids were recorded)."""
+    return self.manifest.get('id')
+
+  def provenance(self) -> dict[str, Any]:
+    """What produced this index: its path and id, the checkpoint (path, source, step), the
+    parameters' fingerprint, the data, and how its files were checked when opened."""
+    info = self.manifest.get('info', {})
+    return {'index': self.path, 'index_id': self.id, 'model': self.manifest['model'],
+            'dtype': self.dtype, 'checkpoint': info.get('checkpoint'),
+            'checkpoint_source': info.get('checkpoint_source'), 'step': info.get('step'),
+            'params_fingerprint': self.manifest.get('params_fingerprint'),
+            'split': info.get('split'), 'data': info.get('data'),
+            'created': self.manifest.get('created'), 'verified': self.verified}
 
   def __len__(self) -> int:
     return len(self.ids)
@@ -335,7 +441,9 @@ class Index:
       left -= take
       if not left:
         break
-    return Index(self.path, self.manifest, shards)
+    view = Index(self.path, self.manifest, shards)
+    view.verified = self.verified
+    return view
 
   def rows(self) -> Iterator[tuple[int, Shard]]:
     """(first row, shard) of every shard."""
@@ -351,10 +459,8 @@ class Index:
       entries += [(os.path.join(SHARDS_DIR, shard['name'], f), e)
                   for f, e in shard['files'].items()]
     for relative, entry in entries:
-      if sha256_of(os.path.join(self.path, relative)) != entry['sha256']:
-        raise IndexFormatError(f'{os.path.join(self.path, relative)} does not match the '
-                               f'checksum in {MANIFEST}: the file is damaged or was replaced. '
-                               'Rebuild the index.')
+      check_file(os.path.join(self.path, relative), entry, True, MANIFEST)
+    self.verified = 'full'
 
 
 def _manifest(path: str) -> dict[str, Any]:
@@ -379,26 +485,31 @@ def _manifest(path: str) -> dict[str, Any]:
                          'shards', 'params', 'num_videos') if k not in manifest]
   if missing or manifest['dtype'] not in STORAGE_DTYPES:
     raise IndexFormatError(f'{manifest_path} lacks {missing} or has an unknown dtype.')
+  for shard in manifest['shards'] if isinstance(manifest['shards'], list) else [None]:
+    names = shard.get('files') if isinstance(shard, dict) else None
+    if (not isinstance(names, dict) or not isinstance(shard.get('name'), str)
+        or not shard['name'].isdigit()
+        or not all(isinstance(n, str) and n == os.path.basename(n) and n not in ('.', '..')
+                   for n in names)):
+      raise IndexFormatError(f'{manifest_path}: a shard entry is not a shard of this format '
+                             f'({short(shard)}).')
+  if 'id' in manifest and manifest['id'] != manifest_id(manifest):
+    raise IndexFormatError(f'{manifest_path} was changed after the index was built: its id '
+                           f'{manifest["id"]} does not match its content. Rebuild the index.')
   return manifest
 
 
-def _checked_file(path: str, entry: Mapping[str, Any]) -> str:
-  if not os.path.isfile(path):
-    raise IndexFormatError(f'{path} is missing from the index.')
-  size = os.path.getsize(path)
-  if size != entry['bytes']:
-    raise IndexFormatError(f'{path} holds {size} bytes, the manifest says {entry["bytes"]}: '
-                           'the file is truncated or damaged. Rebuild the index.')
+def _checked_file(path: str, entry: Mapping[str, Any], full: bool = False) -> str:
+  check_file(path, entry, full, 'the manifest')
   return path
 
 
-def _open_shard(path: str, manifest: dict[str, Any], entry: dict[str, Any]) -> Shard:
+def _open_shard(path: str, manifest: dict[str, Any], entry: dict[str, Any],
+                full: bool = False) -> Shard:
   folder = os.path.join(path, SHARDS_DIR, entry['name'])
   listed = entry['files']
-  ids_path = _checked_file(os.path.join(folder, IDS_FILE), listed.get(IDS_FILE, {'bytes': -1}))
-  with open(ids_path, 'rb') as f:
-    if hashlib.sha256(f.read()).hexdigest() != listed[IDS_FILE]['sha256']:
-      raise IndexFormatError(f'{ids_path} does not match its checksum in {MANIFEST}.')
+  ids_path = _checked_file(os.path.join(folder, IDS_FILE), listed.get(IDS_FILE, {'bytes': -1}),
+                           full=True)
   with open(ids_path, encoding='utf-8') as f:
     ids = json.load(f)
   n = entry['num_videos']
@@ -412,7 +523,8 @@ def _open_shard(path: str, manifest: dict[str, Any], entry: dict[str, Any]) -> S
       parts['scale'] = (scale_file(leaf), (n,) + shape[:-1])
     arrays[leaf] = {}
     for part, (name, want_shape) in parts.items():
-      file_path = _checked_file(os.path.join(folder, name), listed.get(name, {'bytes': -1}))
+      file_path = _checked_file(os.path.join(folder, name), listed.get(name, {'bytes': -1}),
+                                full)
       try:
         array = np.load(file_path, mmap_mode='r', allow_pickle=False)
       except ValueError as e:
@@ -426,14 +538,15 @@ def _open_shard(path: str, manifest: dict[str, Any], entry: dict[str, Any]) -> S
 
 def open_index(path: str, config: ml_collections.ConfigDict | None = None,
                verify: bool = False) -> Index:
-  """Opens an index folder: checks its manifest, every file's size and shape and the ids
-  (checksums of the arrays with `verify`), and with `config` that the index is of
-  `config.model`."""
+  """Opens an index folder: checks its manifest (and its id), every file's size, shape and
+  sampled digest (its full sha256 when its mtime changed, or with `verify` for every file), the
+  ids and the parameters in full, and with `config` that the index is of `config.model`."""
   path = os.path.abspath(path)
   manifest = _manifest(path)
-  _checked_file(os.path.join(path, PARAMS_FILE), manifest['params'])
-  shards = [_open_shard(path, manifest, entry) for entry in manifest['shards']]
+  _checked_file(os.path.join(path, PARAMS_FILE), manifest['params'], full=True)
+  shards = [_open_shard(path, manifest, entry, verify) for entry in manifest['shards']]
   index = Index(path, manifest, shards)
+  index.verified = 'full' if verify else 'sampled'
   if len(index) != manifest['num_videos']:
     raise IndexFormatError(f'{path}/{MANIFEST}: the shards hold {len(index)} videos, the '
                            f'manifest says {manifest["num_videos"]}.')
@@ -441,6 +554,64 @@ def open_index(path: str, config: ml_collections.ConfigDict | None = None,
     raise IndexFormatError(f'{path}: a video id appears in two rows.')
   if config is not None:
     index.check_config(config)
-  if verify:
-    index.verify()
   return index
+
+
+def _is_own_temporary(name: str, ours: set[str]) -> bool:
+  """Whether `name` is a temporary file `files.publish` leaves beside one of `ours`."""
+  return (name.startswith('.') and name.endswith('.tmp')
+          and any(name.startswith(f'.{own}.') for own in ours))
+
+
+def _own_files(path: str, manifest: Mapping[str, Any]) -> dict[str, set[str]]:
+  """folder (relative) -> the file names of an index's manifest in it (its candidate
+  files included when `candidates/candidates.json` is of our format)."""
+  own = {'': {MANIFEST, PARAMS_FILE}, SHARDS_DIR: set()}
+  for shard in manifest['shards']:
+    own[os.path.join(SHARDS_DIR, str(shard['name']))] = set(shard['files'])
+  meta = os.path.join(path, CANDIDATES_DIR, 'candidates.json')
+  try:
+    with open(meta, encoding='utf-8') as f:
+      if json.load(f).get('format') == 'prvr_jax.candidates':
+        own[CANDIDATES_DIR] = {'candidates.json', 'candidates.faiss'}
+  except (OSError, ValueError, AttributeError):
+    pass
+  return own
+
+
+def remove_index(path: str) -> None:
+  """Deletes an index folder for `overwrite`: only when it is verifiably one of ours (a
+  manifest of our format whose id matches its content) and holds nothing but the files that
+  manifest lists and our temporary files; refuses (deleting nothing) otherwise."""
+  try:
+    manifest = _manifest(path)
+  except IndexFormatError as e:
+    raise ValueError(f'Refusing to overwrite {path}: it is not a prvr_jax index ({e}).'
+                     ) from None
+  if 'id' not in manifest:
+    raise ValueError(f'Refusing to overwrite {path}: its {MANIFEST} records no index id (an '
+                     'index of an older prvr_jax, or not ours); delete the folder yourself.')
+  own = _own_files(path, manifest)
+  found = []
+  for root, dirs, names in os.walk(path):
+    relative = os.path.relpath(root, path)
+    relative = '' if relative == '.' else relative
+    for name in dirs + names:
+      item = os.path.join(relative, name)
+      if os.path.islink(os.path.join(root, name)):
+        raise ValueError(f'Refusing to overwrite {path}: it holds the link {item}, which its '
+                         f'{MANIFEST} does not list.')
+      if name in dirs and item in own:
+        continue
+      if (name in names and relative in own
+          and (name in own[relative] or _is_own_temporary(name, own[relative]))):
+        found.append(item)
+        continue
+      raise ValueError(f'Refusing to overwrite {path}: it holds {item}, which its {MANIFEST} '
+                       'does not list (not ours to delete); choose another --out or move it.')
+  # The manifest last: an interrupted removal leaves a folder a later overwrite accepts.
+  for item in sorted(found, key=lambda i: i == MANIFEST):
+    os.unlink(os.path.join(path, item))
+  for folder in sorted(own, key=len, reverse=True):
+    if folder and os.path.isdir(os.path.join(path, folder)):
+      os.rmdir(os.path.join(path, folder))

@@ -71,7 +71,12 @@ def define_flags() -> None:
       'or an official PyTorch .ckpt/.pth file.')
   flags.DEFINE_string(
       'index', None, 'Evaluate from an index of the split built by `prvr-index build` (its '
-      'stored videos and model; nothing is re-encoded) instead of --checkpoint.')
+      'stored videos and model; nothing is re-encoded). With --checkpoint too, the index must '
+      'hold that checkpoint\'s parameters (step and fingerprint); metrics.json names the index '
+      'and what produced it.')
+  flags.DEFINE_bool(
+      'allow_stale_index', False, 'With --index: evaluate an index whose checkpoint step or '
+      'parameters differ from --checkpoint\'s (or from what its run gives now) knowingly.')
   flags.DEFINE_enum('split', 'test', ['test', 'val'], 'Split to evaluate.')
   flags.DEFINE_string(
       'output_dir', None, 'Where metrics.json and scores.npy go (default: <workdir>/eval_<split> '
@@ -97,8 +102,11 @@ def _main(argv: list[str]) -> None:
                            'with --checkpoint, not --index.')
     from prvr_jax import index  # pylint: disable=g-import-not-at-top
     index.evaluate_index(args.config, args.index, args.split, args.output_dir,
-                         args.cross_dataset)
+                         args.cross_dataset, checkpoint_path=args.checkpoint,
+                         allow_stale=args.allow_stale_index)
   else:
+    if args.checkpoint is None:
+      raise app.UsageError('--checkpoint or --index is required.')
     evaluate_checkpoint(args.config, args.checkpoint, args.split, args.output_dir,
                         args.cross_dataset, plots=args.plots)
 
@@ -107,7 +115,6 @@ def main() -> None:
   """The `prvr-evaluate` command."""
   define_flags()
   flags.mark_flags_as_required(['config'])
-  flags.mark_flags_as_mutual_exclusive(['checkpoint', 'index'], required=True)
   runtime.run(_main)
 
 

@@ -15,7 +15,10 @@ r"""The index from the command line (`prvr-index`, or `python -m prvr_jax.tools.
   # What an index holds; --verify checks every file's sha256:
   prvr-index info --index=/idx/tvr_test --verify
 
-search writes one JSON line per query: {"query": id, "videos": [ids], "scores": [floats]}.
+search writes one JSON line per query: {"query": id, "videos": [ids], "scores": [floats],
+"index": the index's id}, and logs the index's provenance (checkpoint, step, parameters'
+fingerprint). Every open checks each index file's size and sampled digest (the full sha256 of a
+file whose mtime changed); --verify checks every file's full sha256.
 """
 
 import json
@@ -24,6 +27,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from prvr_jax import runtime
@@ -48,7 +52,8 @@ def define_flags() -> None:
                     'build: storage of the vectors (int8: one scale per vector).')
   flags.DEFINE_integer('shard_videos', 100_000,
                        'build: videos per shard (host memory holds one).')
-  flags.DEFINE_bool('overwrite', False, 'build: replace an existing index at --out.')
+  flags.DEFINE_bool('overwrite', False, 'build: replace an existing index at --out (only a '
+                    'folder holding one of our indexes and nothing else; refused otherwise).')
   flags.DEFINE_bool('cross_dataset', False,
                     'build: index data other than the checkpoint\'s own split.')
   flags.DEFINE_string('index', None, 'search / candidates / info: the index folder.')
@@ -62,7 +67,8 @@ def define_flags() -> None:
   flags.DEFINE_integer(
       'num_candidates', 200, 'search: two-stage candidates per query (docs/two_stage.md: recall '
       'against speed).')
-  flags.DEFINE_bool('verify', False, 'info / search: check every file\'s sha256.')
+  flags.DEFINE_bool('verify', False, 'info / search / candidates: check every file\'s full '
+                    'sha256 (without it: sizes and sampled digests).')
   runtime.define_flags()
 
 
@@ -86,25 +92,41 @@ def _search() -> None:
   from prvr_jax.index import queries as queries_lib  # pylint: disable=g-import-not-at-top
   from prvr_jax.index import search, store  # pylint: disable=g-import-not-at-top
   _require(index=FLAGS.index, queries=FLAGS.queries)
+  if FLAGS.output:
+    _check_output(FLAGS.output, FLAGS.index, FLAGS.queries, FLAGS.candidates)
   index = store.open_index(FLAGS.index, verify=FLAGS.verify)
+  logging.info('Searching index %s', json.dumps(index.provenance(), sort_keys=True))
   inputs = index.spec.inputs(index.config_model)[1]
   queries, ids = queries_lib.read_queries(FLAGS.queries, inputs, index.config_model)
   searcher = search.Searcher(index, query_batch_size=FLAGS.query_batch_size)
   if FLAGS.candidates:
     from prvr_jax.index import candidates  # pylint: disable=g-import-not-at-top
     result = searcher.search_two_stage(
-        queries, candidates.CandidateIndex.load(FLAGS.candidates, index),
+        queries, candidates.CandidateIndex.load(FLAGS.candidates, index, FLAGS.verify),
         FLAGS.num_candidates, k=FLAGS.k, query_ids=ids)
   else:
     result = searcher.search(queries, k=FLAGS.k, query_ids=ids)
   lines = (json.dumps({'query': query_id, 'videos': videos,
-                       'scores': [round(float(s), 6) for s in scores]}) + '\n'
+                       'scores': [round(float(s), 6) for s in scores],
+                       'index': index.id}) + '\n'
            for query_id, videos, scores in zip(ids, result.ids, result.scores))
   if FLAGS.output:
     from prvr_jax import files  # pylint: disable=g-import-not-at-top
     files.write_atomic(FLAGS.output, lambda f: f.writelines(l.encode('utf-8') for l in lines))
   else:
     sys.stdout.writelines(lines)
+
+
+def _check_output(output: str, index: str, queries: str, candidates: str | None) -> None:
+  """Refuses a --output that is the query file or lies in the index or candidate folder."""
+  target = os.path.realpath(output)
+  if target == os.path.realpath(queries):
+    raise app.UsageError(f'--output={output} is the query file --queries={queries}; choose '
+                         'another --output.')
+  for flag, folder in (('--index', index), ('--candidates', candidates)):
+    if folder and target.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep):
+      raise app.UsageError(f'--output={output} lies in the folder {flag}={folder}; choose '
+                           'another --output.')
 
 
 def _candidates() -> None:
@@ -124,6 +146,8 @@ def _info() -> None:
   summary = {k: manifest[k] for k in ('model', 'model_config_hash', 'dtype', 'num_videos',
                                       'bytes_per_video', 'leaves', 'created', 'info')}
   summary['shards'] = len(manifest['shards'])
+  summary['id'] = index.id
+  summary['params_fingerprint'] = manifest.get('params_fingerprint')
   summary['verified'] = FLAGS.verify
   print(json.dumps(summary, indent=2, sort_keys=True))
 

@@ -202,7 +202,8 @@ def test_damaged_or_mismatching_indexes_are_refused(gmmformer_gallery, tmp_path)
   # A byte flipped in place: the size still matches, the checksum does not.
   data[-1] ^= 0xFF
   clips.write_bytes(bytes(data))
-  open_index(index.path)
+  with pytest.raises(IndexFormatError, match=r'00001/clips\.npy does not match the checksum'):
+    open_index(index.path)  # every open: a changed mtime means a full check
   with pytest.raises(IndexFormatError, match=r'00001/clips\.npy does not match the checksum'):
     open_index(index.path, verify=True)
   clips.write_bytes(bytes(data[:-10]))
@@ -257,6 +258,13 @@ def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xl
   for key in ('r1', 'r5', 'r10', 'r100', 'sumr', 'medr', 'v2t_sumr'):
     assert metrics[key] == expected[key], key
   assert metrics['checkpoint_source'] == 'index'
+  # metrics.json names the index and what produced it.
+  manifest = json.loads((index_dir / 'index.json').read_text())
+  assert metrics['index']['index'] == str(index_dir)
+  assert metrics['index']['index_id'] == manifest['id']
+  assert metrics['index']['step'] == manifest['info']['step'] is not None
+  assert metrics['index']['params_fingerprint'] == manifest['params_fingerprint']
+  assert metrics['index']['verified'] == 'full'
 
   index = open_index(str(index_dir), config, verify=True)
   spec = registry.get_spec(config.model)
@@ -273,6 +281,7 @@ def test_cli_build_search_and_evaluate(reference_run, config_path, tiny_data, xl
   result = Searcher(index).search(queries, k=4)
   assert [line['query'] for line in lines] == [f'q{i}' for i in range(5)]
   assert [line['videos'] for line in lines] == result.ids
+  assert {line['index'] for line in lines} == {index.id}
   support.assert_close([line['scores'] for line in lines], result.scores, rtol=1e-5)
   with pytest.raises(ValueError, match='expected an .npz, .h5/.hdf5 or .txt file'):
     queries_lib.read_queries(str(tmp_path / 'out.jsonl'), ('query_feats', 'query_mask'),
