@@ -244,10 +244,10 @@ def params_file_to_torch(params_file: str, model_name: str, out: str,
   names and layouts at `out`: an `.npz` of numpy arrays, any other name a `torch.save` file
   (which needs torch). Returns the state_dict written. `out` must not be the params file, nor
   exist unless `overwrite` (`check_output`); non-finite params are refused."""
+  check_output(out, {'--params': params_file}, overwrite)
   if not out.endswith('.npz') and not torch_file.torch_available():
     raise ValueError(f'--out={out}: writing a torch file needs torch installed; write an '
                      '.npz instead')
-  check_output(out, {'--params': params_file}, overwrite)
   params = read_params_file(params_file)
   state_dict = params_to_torch(params, model_name)
   if out.endswith('.npz'):

@@ -284,7 +284,8 @@ def _to_params(tensors: Mapping[str, Any], entries: list[Entry], ignored: set[st
     array = np.asarray(tensors[name])
     if not np.issubdtype(array.dtype, np.floating):
       raise WeightsError(f'{what}: {name!r} has dtype {array.dtype}, expected floating point')
-    array = array.astype(np.float32)  # a float64 beyond float32's range becomes inf: refused
+    with np.errstate(over='ignore'):  # a float64 beyond float32's range becomes inf: refused
+      array = array.astype(np.float32)
     bad = array.size - int(np.count_nonzero(np.isfinite(array)))
     if bad:
       non_finite.append((name, bad, array.size))
