@@ -9,7 +9,10 @@ storage records. Neither executes code from the file: the only globals admitted 
 tensor-rebuild functions, storage types and `OrderedDict`, plus the official BertAdam
 schedule classes (in `optimizer.param_groups`) and MS-SL's `easydict.EasyDict` config, which
 are replaced by inert placeholders. Every header is checked against the file before anything
-is read or allocated.
+is read or allocated, and what is allocated is bounded by the file's size
+(`MAX_BYTES_PER_FILE_BYTE`), whatever the headers declare: records overlapping in the zip or
+inflating far beyond it, and tensors viewing the same storage bytes over and over, are refused
+naming the file and the record or tensor.
 
 This module sits on the package's lowest floor (it imports only `prvr_jax.files`): the
 official-name mapping (`prvr_jax.convert`) and the CLIP weights (`prvr_jax.clip.weights`)
@@ -104,9 +107,9 @@ class TensorStub:
 def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False,
                     backward_hooks=None, metadata=None):
   """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view (a
-  `TensorStub` for a `_StorageStub`). A tensor must address only elements of its storage and hold no more
-  elements than it has (no zero or overlapping strides), so copying it costs no more memory
-  than the file's own data."""
+  `TensorStub` for a `_StorageStub`). A tensor must address only elements of its storage and
+  hold no more elements than it has (no zero or overlapping strides), so copying it costs no
+  more memory than its storage; `read_torch_zip` bounds all the copies together."""
   del requires_grad, backward_hooks, metadata
   size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
   if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
@@ -186,9 +189,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
       return _TORCH_GLOBALS[(module, name)]
     except KeyError:
       raise pickle.UnpicklingError(
-          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: prvr_jax reads '
-          'only tensors, storages and plain containers (a state_dict, or the official '
-          "checkpoint's dict with one), and never runs code from a checkpoint") from None
+          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: '
+          'prvr_jax reads only tensors, storages and plain containers (a state_dict, or the '
+          "official checkpoint's dict with one), and never runs code from a checkpoint"
+      ) from None
 
   def persistent_load(self, pid: Any) -> np.ndarray | _StorageStub:
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
@@ -237,10 +241,11 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
   """The object saved by `torch.save` at `path`, read without torch; tensors become numpy.
 
   Nothing is inflated or allocated beyond what the file's headers declare, and those are
-  checked first, in a pass that reads no storage: the pickle is at most `MAX_PICKLE_BYTES`,
-  every storage record holds exactly its declared elements, every tensor lies inside its
-  storage, and the storages, and the tensors, each take at most `MAX_BYTES_PER_FILE_BYTE` x
-  the file's size. `materialize=False` only checks (tensors come back as `TensorStub`s).
+  checked first, in a pass that reads no storage: the pickle is at most `MAX_PICKLE_BYTES`
+  (and `MAX_BYTES_PER_FILE_BYTE` x the file's size), every storage record holds exactly its
+  declared elements, every tensor lies inside its storage, and the storages, and the tensors,
+  each take at most `MAX_BYTES_PER_FILE_BYTE` x the file's size. `materialize=False` only
+  checks (tensors come back as `TensorStub`s).
 
   Raises `pickle.UnpicklingError` (naming the file) for anything but tensors, storages and
   plain containers or for malformed records, `ValueError` for files that are not torch zip
@@ -262,7 +267,8 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
     if byteorder not in ('little', 'big'):
       raise ValueError(f'{path}: unknown byteorder {short(byteorder)}')
     byteorder = '<' if byteorder == 'little' else '>'
-    data = archive.read(_record(archive, pickles[0], MAX_PICKLE_BYTES, path))
+    pickle_limit = min(MAX_PICKLE_BYTES, MAX_BYTES_PER_FILE_BYTE * os.path.getsize(path))
+    data = archive.read(_record(archive, pickles[0], pickle_limit, path))
     checker = _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize=False)
     checked = checker.load()
     if checker.over_budget is not None:
@@ -270,21 +276,25 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
       name = _key_path(checked, tensor)
       raise pickle.UnpicklingError(
           f'{path}: tensor {short(name, quote=False) if name else "(unnamed)"} '
-          f'{list(tensor.shape)} of storage record {record} takes the tensors to '
-          f'{checker.tensor_bytes} bytes or more, beyond {MAX_BYTES_PER_FILE_BYTE} x the '
-          f"file's {checker.file_bytes} bytes: its tensors view the same storage bytes over "
-          'and over (refused before reading them)')
+          f'{list(tensor.shape)} of storage record {record} takes the tensors past '
+          f"{MAX_BYTES_PER_FILE_BYTE} x the file's {checker.file_bytes} bytes "
+          f'({checker.tensor_bytes} bytes in all): its tensors view the same storage bytes '
+          'over and over (refused before reading them)')
     if not materialize:
       return checked
     return _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize).load()
 
 
-def _key_path(obj: Any, target: Any, depth: int = 8) -> str | None:
-  """The '/'-joined keys under which `target` (an object) lies in containers `obj`, or None."""
+def _key_path(obj: Any, target: Any, depth: int = 8, seen: set[int] | None = None
+              ) -> str | None:
+  """The '/'-joined keys under which `target` (an object) lies in containers `obj`, or None.
+  Each container is visited once (a pickle may reference one container many times)."""
   if obj is target:
     return ''
-  if depth == 0:
+  seen = set() if seen is None else seen
+  if depth == 0 or id(obj) in seen:
     return None
+  seen.add(id(obj))
   if isinstance(obj, OfficialObject):
     obj = obj.__dict__
   if isinstance(obj, dict):
@@ -294,7 +304,7 @@ def _key_path(obj: Any, target: Any, depth: int = 8) -> str | None:
   else:
     return None
   for key, value in items:
-    found = _key_path(value, target, depth - 1)
+    found = _key_path(value, target, depth - 1, seen)
     if found is not None:
       return f'{key}/{found}' if found else str(key)
   return None

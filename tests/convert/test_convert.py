@@ -8,6 +8,7 @@ import sys
 
 import jax
 import ml_collections
+import msgpack
 import numpy as np
 import pytest
 from flax import serialization
@@ -221,8 +222,13 @@ def test_export_refuses_non_finite_or_foreign_params_files(tmp_path):
       f'--params={tmp_path / "inf.msgpack"}: 1 parameter(s) hold NaN or inf values (first: '
       'clip/encoder_0/branches/attention/value/bias, 1 values); refusing to export them')
   assert not (tmp_path / 'sd.npz').exists()
+  # An array declaring 2**40 float32 values over 16 bytes is refused, not allocated.
+  declared = msgpack.packb({'w': msgpack.ExtType(
+      serialization._MsgpackExtType.ndarray,  # pylint: disable=protected-access
+      msgpack.packb(((1 << 20, 1 << 20), 'float32', bytes(16))))})
   for name, content in (('garbage', b'\xc1\xc1 not msgpack'), ('torch', b'PK\x03\x04zip'),
-                        ('list', serialization.msgpack_serialize([1, 2]))):
+                        ('list', serialization.msgpack_serialize([1, 2])),
+                        ('declared', declared)):
     (tmp_path / f'{name}.msgpack').write_bytes(content)
     with pytest.raises(ValueError, match=rf'--params={tmp_path / name}.msgpack (is not a flax '
                        'msgpack file|holds no tree of numeric arrays)'):
