@@ -144,6 +144,27 @@ def read_error(error: BaseException) -> tuple[str | None, BaseException]:
   return None, chain[-1]
 
 
+# The JSON files Orbax reads in a step folder, and the largest of them checked for damage.
+_ORBAX_JSON_FILES = ('_CHECKPOINT_METADATA', '_METADATA', '_sharding', 'metadata', 'process_0')
+_MAX_JSON_CHECK_BYTES = 64 << 20
+
+
+def _damaged_json(step_dir: str) -> str | None:
+  """The first of Orbax's JSON files in `step_dir` that does not parse, or None (what a
+  JSONDecodeError, which names no file, was about)."""
+  for folder, _, names in sorted(os.walk(step_dir)):
+    for name in sorted(set(names) & set(_ORBAX_JSON_FILES)):
+      path = os.path.join(folder, name)
+      if os.path.getsize(path) > _MAX_JSON_CHECK_BYTES:
+        continue
+      try:
+        with open(path, 'rb') as f:
+          json.loads(f.read())
+      except ValueError:
+        return path
+  return None
+
+
 def _step_folders(directory: str) -> list[int]:
   if not os.path.isdir(directory):
     return []
@@ -231,10 +252,14 @@ class _Store:
     except Exception as e:  # pylint: disable=broad-except  (Orbax / TensorStore errors)
       array, error = read_error(e)
       what = f'array {self.item}/{array}: ' if array else ''
+      if isinstance(error, json.JSONDecodeError):
+        damaged = _damaged_json(step_dir)
+        what = f'JSON file {os.path.relpath(damaged, step_dir)}: ' if damaged else ''
+      reason = ' '.join(str(error).split(' See full TensorStore details')[0].split())
       raise CheckpointError(
           f'{step_dir} cannot be read ({what}{type(error).__name__}: '
-          f'{short(" ".join(str(error).split()), 300, quote=False)}); the checkpoint is '
-          f'damaged or incomplete. {self._alternatives(step)}') from None
+          f'{short(reason, 300, quote=False)}); the checkpoint is damaged or incomplete. '
+          f'{self._alternatives(step)}') from None
 
   def _alternatives(self, step: int) -> str:
     others = [s for s in self.steps() if s != step]

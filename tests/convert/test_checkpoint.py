@@ -202,3 +202,15 @@ def test_reading_a_checkpoint_imports_nothing_it_names(tiny, tmp_path, monkeypat
     _, info = checkpoint.load_params(str(path), config, mesh)
     assert info['step'] == 5
   assert not marker.exists() and 'prvr_planted_handler' not in sys.modules
+
+
+def test_a_damaged_metadata_file_is_named(tiny, tmp_path):
+  config, mesh, _ = tiny
+  _save(tmp_path / 'w', tiny, 5)
+  step_dir = tmp_path / 'w' / checkpoint.BEST_DIR / '5'
+  (step_dir / 'params' / '_METADATA').write_text('{"tree_metadata": {"garbage')
+  with pytest.raises(checkpoint.CheckpointError) as error:
+    checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
+  assert '\n' not in str(error.value)
+  assert str(error.value).startswith(f'{step_dir} cannot be read (JSON file params/_METADATA: '
+                                     'JSONDecodeError: ')
