@@ -179,6 +179,8 @@ def torch_names(params: Any, model_name: str) -> Any:
 def check_output(out: str, inputs: dict[str, str], overwrite: bool) -> None:
   """Refuses an output path `out` that is one of `inputs` (flag -> path; the same file by any
   path, symbolic or hard link), or that exists when not `overwrite` (or is a folder)."""
+  if not os.path.basename(out):
+    raise ValueError(f'--out={out!r} names no file; name the output file')
   for flag, path in inputs.items():
     same = os.path.realpath(out) == os.path.realpath(path)
     if not same and os.path.exists(out) and os.path.exists(path):

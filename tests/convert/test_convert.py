@@ -208,6 +208,9 @@ def test_cli_never_replaces_its_input_or_an_existing_file(tmp_path):
   assert (tmp_path / 'sd.npz').read_bytes() == b'keep'
   with pytest.raises(ValueError, match=rf'--out={sub} is a folder'):
     convert.params_file_to_torch(str(other), 'gmmformer', str(sub), overwrite=True)
+  for out in ('', f'{tmp_path}/new/'):
+    with pytest.raises(ValueError, match=rf"--out='{out}' names no file"):
+      convert.params_file_to_torch(str(other), 'gmmformer', out, overwrite=True)
 
 
 def test_export_refuses_non_finite_or_foreign_params_files(tmp_path):
