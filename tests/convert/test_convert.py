@@ -193,9 +193,7 @@ def test_cli_never_replaces_its_input_or_an_existing_file(tmp_path):
   assert proc.stderr.strip().splitlines()[-1].endswith(
       f'--out={other} already exists; refusing to replace it (pass --overwrite to replace it, '
       'or choose another --out)'), proc.stderr[-2000:]
-  proc = run('prvr_jax.tools.convert', '--model=gmmformer', f'--checkpoint={ckpt}',
-             f'--out={other}', '--overwrite')
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  convert.checkpoint_to_params_file(str(ckpt), 'gmmformer', str(other), overwrite=True)
   restored = serialization.msgpack_restore(other.read_bytes())
   jax.tree.map(np.testing.assert_array_equal, restored,
                convert.torch_to_params(torch_file.load_torch_checkpoint(str(ckpt)), 'gmmformer'))
