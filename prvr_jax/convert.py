@@ -11,7 +11,7 @@ of the command line (`prvr_jax.tools.convert`):
   prvr-convert --model=gmmformer_v2 --checkpoint=best.ckpt --out=params.msgpack
   prvr-convert --model=gmmformer_v2 --params=params.msgpack --out=state_dict.npz
 
-(or `python -m prvr_jax.convert ...`). A conversion destroys nothing: an `--out` that is the
+(or `python -m prvr_jax.tools.convert ...`). A conversion destroys nothing: an `--out` that is the
 input file (by any path, link or hard link) is refused, and an existing `--out` is replaced
 (atomically, never written through a link) only with `--overwrite`. Both directions refuse
 NaN or inf values, naming the file and the tensor.
@@ -20,6 +20,7 @@ NaN or inf values, naming the file and the tensor.
 import collections
 import os
 import re
+import sys
 from typing import Any
 
 from flax import serialization
@@ -226,11 +227,12 @@ def read_params_file(params_file: str) -> Any:
   if isinstance(params, dict) and isinstance(params.get('params'), dict):
     params = params['params']
   leaves = jax.tree_util.tree_leaves_with_path(params) if isinstance(params, dict) else []
-  if not leaves or not all(isinstance(v, np.ndarray) and v.dtype.kind in 'fiub'
-                           for _, v in leaves):
+  floating = lambda v: jax.numpy.issubdtype(v.dtype, jax.numpy.inexact)  # bfloat16 included
+  if not leaves or not all(isinstance(v, (np.ndarray, np.generic))
+                           and (v.dtype.kind in 'iub' or floating(v)) for _, v in leaves):
     raise ValueError(f'--params={params_file} holds no tree of numeric arrays (flax params)')
   bad = [(_fmt(tuple(str(getattr(k, 'key', k)) for k in path)), v) for path, v in leaves
-         if v.dtype.kind == 'f' and not np.isfinite(v).all()]
+         if floating(v) and not np.isfinite(v).all()]
   if bad:
     name, value = bad[0]
     raise ValueError(f'--params={params_file}: {len(bad)} parameter(s) hold NaN or inf values '
@@ -262,6 +264,7 @@ def params_file_to_torch(params_file: str, model_name: str, out: str,
 
 
 if __name__ == '__main__':
-  # `python -m prvr_jax.convert ...` is `prvr-convert ...` (not a silent no-op).
-  from prvr_jax.tools import convert as _cli  # pylint: disable=g-import-not-at-top
-  _cli.main()
+  # Run as a program, this library module would exit 0 having converted nothing; it points to
+  # the command instead (importing it here would make the library depend on its command).
+  sys.exit('prvr_jax.convert is the library, not the command; nothing was converted. Run '
+           f'`python -m prvr_jax.tools.convert {" ".join(sys.argv[1:])}` (or prvr-convert ...)')

@@ -10,8 +10,9 @@ restricted unpickler without torch, `torch.load(weights_only=True)` with it).
 Both mappings are strict: a missing or unknown tensor, one of another shape, or one holding
 NaN or inf values is an error that names it (and the file). Every reader is bounded by the
 file: a header declaring more than the file holds, or tensors sharing bytes, is refused before
-anything is allocated. The attention head counts are not in the weights: without a `config` they are
-taken as width / 64, as in every OpenAI ViT model (B/32, B/16: 12 image, 8 text heads).
+anything is allocated. The attention head counts are not in the weights: without a `config`
+they are taken as width / 64, as in every OpenAI ViT model (B/32, B/16: 12 image, 8 text
+heads).
 """
 
 from collections.abc import Callable, Mapping

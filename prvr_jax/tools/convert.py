@@ -4,9 +4,9 @@
   prvr-convert --model=gmmformer_v2 --checkpoint=best.ckpt --out=params.msgpack
   prvr-convert --model=gmmformer_v2 --params=params.msgpack --out=state_dict.npz
 
-(or `python -m prvr_jax.tools.convert ...`, `python -m prvr_jax.convert ...`). Import reads
-the checkpoint with `prvr_jax.torch_file` (tensors only, no code from the file); export writes
-an `.npz`, or a torch file when torch is installed. `--out` must not be the input file (by any
+(or `python -m prvr_jax.tools.convert ...`). Import reads the checkpoint with
+`prvr_jax.torch_file` (tensors only, no code from the file); export writes an `.npz`, or a
+torch file when torch is installed. `--out` must not be the input file (by any
 path or link), and an existing `--out` is replaced only with `--overwrite`.
 """
 

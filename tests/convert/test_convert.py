@@ -177,9 +177,16 @@ def test_cli_never_replaces_its_input_or_an_existing_file(tmp_path):
   env = support.subprocess_env(JAX_PLATFORMS='cpu')
   run = lambda *args: subprocess.run([sys.executable, '-m', *args], env=env, cwd=tmp_path,
                                      capture_output=True, text=True)
-  # `python -m prvr_jax.convert` is the command line, and a relative --out is resolved.
-  proc = run('prvr_jax.convert', '--model=gmmformer', f'--checkpoint={ckpt}', '--out=best.ckpt',
-             '--overwrite')
+  # The library module run as a program converts nothing and names the command (it used to
+  # exit 0 having done nothing).
+  proc = run('prvr_jax.convert', '--model=gmmformer', f'--checkpoint={ckpt}', '--out=best.ckpt')
+  assert proc.returncode != 0 and ckpt.read_bytes() == original
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      'Run `python -m prvr_jax.tools.convert --model=gmmformer '
+      f'--checkpoint={ckpt} --out=best.ckpt` (or prvr-convert ...)'), proc.stderr[-2000:]
+  # The command: a relative --out is resolved, and --overwrite does not make it replaceable.
+  proc = run('prvr_jax.tools.convert', '--model=gmmformer', f'--checkpoint={ckpt}',
+             '--out=best.ckpt', '--overwrite')
   assert proc.returncode != 0 and ckpt.read_bytes() == original
   assert proc.stderr.strip().splitlines()[-1].endswith(
       f'--out=best.ckpt is the input file --checkpoint={ckpt}; refusing to replace what is '
