@@ -215,8 +215,9 @@ def checkpoint_to_params_file(checkpoint: str, model_name: str, out: str,
 
 def read_params_file(params_file: str) -> Any:
   """The params tree of a flax msgpack file (of the params, or of `{'params': ...}`), every
-  leaf finite. msgpack declares no length larger than the file itself, so what is allocated
-  is bounded by the file's size. Raises `ValueError` naming the file (and parameter)."""
+  leaf finite. msgpack (as flax reads it) admits no declared length beyond the data's size and
+  an array's shape must match its bytes, so what is allocated is a small multiple of the
+  file's size, whatever it declares. Raises `ValueError` naming the file (and parameter)."""
   with open(params_file, 'rb') as f:
     data = f.read()
   try:
