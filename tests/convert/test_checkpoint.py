@@ -153,9 +153,10 @@ def _save_state_dict(path: pathlib.Path, state_dict: dict[str, np.ndarray]) -> N
       archive.writestr(f'archive/data/{i}', np.ascontiguousarray(value, np.float32).tobytes())
 
 
-def test_a_damaged_array_file_is_one_error_naming_the_step_and_the_array(tiny, tmp_path):
+def test_a_damaged_array_or_metadata_file_is_one_error_naming_the_step_and_file(tiny, tmp_path):
   """A truncated or zeroed TensorStore data file: one CheckpointError whose single line names
-  the step folder and the array TensorStore could not read (not Orbax's quoted spec)."""
+  the step folder and the array TensorStore could not read (not Orbax's quoted spec); a
+  damaged JSON metadata file is named the same way."""
   config, mesh, _ = tiny
   _save(tmp_path / 'w', tiny, 5)
   step_dir = tmp_path / 'w' / checkpoint.BEST_DIR / '5'
@@ -172,6 +173,14 @@ def test_a_damaged_array_file_is_one_error_naming_the_step_and_the_array(tiny, t
     assert array.replace('.', '/') in {path for path, _ in _param_paths(config)}
     assert message.endswith('the checkpoint is damaged or incomplete. There is no other '
                             'complete step in this folder.')
+  # A damaged metadata file: JSON's own error names no file; the message does.
+  data.write_bytes(raw)
+  (step_dir / 'params' / '_METADATA').write_text('{"tree_metadata": {"garbage')
+  with pytest.raises(checkpoint.CheckpointError) as error:
+    checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
+  assert '\n' not in str(error.value)
+  assert str(error.value).startswith(f'{step_dir} cannot be read (JSON file params/_METADATA: '
+                                     'JSONDecodeError: ')
 
 
 def _param_paths(config):
@@ -202,15 +211,3 @@ def test_reading_a_checkpoint_imports_nothing_it_names(tiny, tmp_path, monkeypat
     _, info = checkpoint.load_params(str(path), config, mesh)
     assert info['step'] == 5
   assert not marker.exists() and 'prvr_planted_handler' not in sys.modules
-
-
-def test_a_damaged_metadata_file_is_named(tiny, tmp_path):
-  config, mesh, _ = tiny
-  _save(tmp_path / 'w', tiny, 5)
-  step_dir = tmp_path / 'w' / checkpoint.BEST_DIR / '5'
-  (step_dir / 'params' / '_METADATA').write_text('{"tree_metadata": {"garbage')
-  with pytest.raises(checkpoint.CheckpointError) as error:
-    checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
-  assert '\n' not in str(error.value)
-  assert str(error.value).startswith(f'{step_dir} cannot be read (JSON file params/_METADATA: '
-                                     'JSONDecodeError: ')
