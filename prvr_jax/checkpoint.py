@@ -7,8 +7,11 @@ the sha256 of the saved arrays; `config.json`, the run's config.
 
 Nothing is trusted blindly: a step folder without its metadata (an interrupted save) is
 skipped with a warning (and set aside when training resumes), a checkpoint that cannot be
-read is refused with a message naming its folder, restored arrays must match the sha256
-recorded when they were saved (a flipped bit is caught), and parameters must be finite.
+read is refused with a one-line message naming its step folder and the array TensorStore
+could not read, restored arrays must match the sha256 recorded when they were saved (a flipped
+bit is caught), and parameters must be finite. Reading runs nothing from the folder: Orbax
+reads JSON metadata and TensorStore arrays of the shapes our config gives, through handlers
+chosen here (never by name from the checkpoint's metadata).
 
 `load_params` serves evaluation, the training loop's final test and user code: it builds no
 optimizer (a full state is restored partially, parameters only) and checks that the
@@ -19,6 +22,7 @@ from collections.abc import Callable, Mapping
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
 from absl import logging
@@ -113,6 +117,54 @@ def check_finite(params: Any, where: str) -> None:
                           f'{bad[0][0]}, {bad[0][1]} values); refusing to use them.')
 
 
+# How TensorStore names the array it failed on: the key it read in the checkpoint's database
+# ('Error reading "<array>/<chunk>"'), or the array's path in the spec Orbax quotes.
+_TENSORSTORE_KEY = re.compile(r'Error (?:reading|writing|opening) "([^"/]+)/')
+_TENSORSTORE_PATH = re.compile(r"'path': '([^'/][^']*?)/?'")
+
+
+def read_error(error: BaseException) -> tuple[str | None, BaseException]:
+  """(the array an Orbax / TensorStore read error is about, or None; the error that says why).
+
+  Orbax raises a generic error quoting TensorStore's whole spec, with TensorStore's own error
+  (which names the array and the cause) as its cause: that one is returned when the chain
+  holds it, else the innermost error."""
+  chain = []
+  while error is not None and all(error is not seen for seen in chain) and len(chain) < 16:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  for candidate in chain:
+    match = _TENSORSTORE_KEY.search(str(candidate))
+    if match:
+      return match.group(1), candidate
+  for candidate in chain:
+    match = _TENSORSTORE_PATH.search(str(candidate))
+    if match:
+      return match.group(1), chain[-1]
+  return None, chain[-1]
+
+
+# The JSON files Orbax reads in a step folder, and the largest of them checked for damage.
+_ORBAX_JSON_FILES = ('_CHECKPOINT_METADATA', '_METADATA', '_sharding', 'metadata', 'process_0')
+_MAX_JSON_CHECK_BYTES = 64 << 20
+
+
+def _damaged_json(step_dir: str) -> str | None:
+  """The first of Orbax's JSON files in `step_dir` that does not parse, or None (what a
+  JSONDecodeError, which names no file, was about)."""
+  for folder, _, names in sorted(os.walk(step_dir)):
+    for name in sorted(set(names) & set(_ORBAX_JSON_FILES)):
+      path = os.path.join(folder, name)
+      if os.path.getsize(path) > _MAX_JSON_CHECK_BYTES:
+        continue
+      try:
+        with open(path, 'rb') as f:
+          json.loads(f.read())
+      except ValueError:
+        return path
+  return None
+
+
 def _step_folders(directory: str) -> list[int]:
   if not os.path.isdir(directory):
     return []
@@ -198,9 +250,16 @@ class _Store:
     try:
       return self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # pylint: disable=broad-except  (Orbax / TensorStore errors)
+      array, error = read_error(e)
+      what = f'array {self.item}/{array}: ' if array else ''
+      if isinstance(error, json.JSONDecodeError):
+        damaged = _damaged_json(step_dir)
+        what = f'JSON file {os.path.relpath(damaged, step_dir)}: ' if damaged else ''
+      reason = ' '.join(str(error).split(' See full TensorStore details')[0].split())
       raise CheckpointError(
-          f'{step_dir} cannot be read ({type(e).__name__}: {short(str(e), 200, quote=False)}); '
-          f'the checkpoint is damaged or incomplete. {self._alternatives(step)}') from None
+          f'{step_dir} cannot be read ({what}{type(error).__name__}: '
+          f'{short(reason, 300, quote=False)}); the checkpoint is damaged or incomplete. '
+          f'{self._alternatives(step)}') from None
 
   def _alternatives(self, step: int) -> str:
     others = [s for s in self.steps() if s != step]

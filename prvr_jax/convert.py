@@ -10,10 +10,17 @@ of the command line (`prvr_jax.tools.convert`):
 
   prvr-convert --model=gmmformer_v2 --checkpoint=best.ckpt --out=params.msgpack
   prvr-convert --model=gmmformer_v2 --params=params.msgpack --out=state_dict.npz
+
+(or `python -m prvr_jax.tools.convert ...`). A conversion destroys nothing: an `--out` that is the
+input file (by any path, link or hard link) is refused, and an existing `--out` is replaced
+(atomically, never written through a link) only with `--overwrite`. Both directions refuse
+NaN or inf values, naming the file and the tensor.
 """
 
 import collections
+import os
 import re
+import sys
 from typing import Any
 
 from flax import serialization
@@ -170,10 +177,32 @@ def torch_names(params: Any, model_name: str) -> Any:
   return jax.tree_util.tree_map_with_path(name_of, params)
 
 
-def checkpoint_to_params_file(checkpoint: str, model_name: str, out: str) -> Any:
+def check_output(out: str, inputs: dict[str, str], overwrite: bool) -> None:
+  """Refuses an output path `out` that is one of `inputs` (flag -> path; the same file by any
+  path, symbolic or hard link), or that exists when not `overwrite` (or is a folder)."""
+  if not os.path.basename(out):
+    raise ValueError(f'--out={out!r} names no file; name the output file')
+  for flag, path in inputs.items():
+    same = os.path.realpath(out) == os.path.realpath(path)
+    if not same and os.path.exists(out) and os.path.exists(path):
+      same = os.path.samefile(out, path)
+    if same:
+      raise ValueError(f'--out={out} is the input file {flag}={path}; refusing to replace '
+                       'what is being converted: choose another --out')
+  if os.path.isdir(out):
+    raise ValueError(f'--out={out} is a folder; name the output file')
+  if os.path.lexists(out) and not overwrite:
+    raise ValueError(f'--out={out} already exists; refusing to replace it (pass --overwrite '
+                     'to replace it, or choose another --out)')
+
+
+def checkpoint_to_params_file(checkpoint: str, model_name: str, out: str,
+                              overwrite: bool = False) -> Any:
   """Converts an official checkpoint (or state_dict file) to a flax msgpack of `model_name`'s
   params at `out` (written atomically) and returns the params. Tensors holding NaN or inf
-  values are refused, naming the first."""
+  values are refused, naming the first. `out` must not be the checkpoint, nor exist unless
+  `overwrite` (`check_output`)."""
+  check_output(out, {'--checkpoint': checkpoint}, overwrite)
   state_dict = torch_file.load_torch_checkpoint(checkpoint)
   bad = [k for k, v in state_dict.items() if not np.isfinite(v).all()]
   if bad:
@@ -184,16 +213,48 @@ def checkpoint_to_params_file(checkpoint: str, model_name: str, out: str) -> Any
   return params
 
 
-def params_file_to_torch(params_file: str, model_name: str, out: str) -> dict[str, np.ndarray]:
+def read_params_file(params_file: str) -> Any:
+  """The params tree of a flax msgpack file (of the params, or of `{'params': ...}`), every
+  leaf finite. msgpack (as flax reads it) admits no declared length beyond the data's size and
+  an array's shape must match its bytes, so what is allocated is a small multiple of the
+  file's size, whatever it declares. Raises `ValueError` naming the file (and parameter)."""
+  with open(params_file, 'rb') as f:
+    data = f.read()
+  try:
+    params = serialization.msgpack_restore(data)
+  except Exception as e:  # pylint: disable=broad-except  (msgpack's and numpy's own errors)
+    raise ValueError(f'--params={params_file} is not a flax msgpack file ({type(e).__name__}: '
+                     f'{short(str(e), quote=False)})') from None
+  if isinstance(params, dict) and isinstance(params.get('params'), dict):
+    params = params['params']
+  leaves = jax.tree_util.tree_leaves_with_path(params) if isinstance(params, dict) else []
+  floating = lambda v: jax.numpy.issubdtype(v.dtype, jax.numpy.inexact)  # bfloat16 included
+  if not leaves or not all(isinstance(v, (np.ndarray, np.generic))
+                           and (v.dtype.kind in 'iub' or floating(v)) for _, v in leaves):
+    raise ValueError(f'--params={params_file} holds no tree of numeric arrays (flax params)')
+  bad = [(_fmt(tuple(str(getattr(k, 'key', k)) for k in path)), v) for path, v in leaves
+         if floating(v) and not np.isfinite(v).all()]
+  if bad:
+    name, value = bad[0]
+    raise ValueError(f'--params={params_file}: {len(bad)} parameter(s) hold NaN or inf values '
+                     f'(first: {short(name, quote=False)}, '
+                     f'{value.size - int(np.count_nonzero(np.isfinite(value)))} values); '
+                     'refusing to export them')
+  return params
+
+
+def params_file_to_torch(params_file: str, model_name: str, out: str,
+                         overwrite: bool = False) -> dict[str, np.ndarray]:
   """Exports a flax msgpack of `model_name`'s params (or of `{'params': ...}`) to the official
   names and layouts at `out`: an `.npz` of numpy arrays, any other name a `torch.save` file
-  (which needs torch). Returns the state_dict written."""
+  (which needs torch). Returns the state_dict written. `out` must not be the params file, nor
+  exist unless `overwrite` (`check_output`); non-finite params are refused."""
+  check_output(out, {'--params': params_file}, overwrite)
   if not out.endswith('.npz') and not torch_file.torch_available():
     raise ValueError(f'--out={out}: writing a torch file needs torch installed; write an '
                      '.npz instead')
-  with open(params_file, 'rb') as f:
-    params = serialization.msgpack_restore(f.read())
-  state_dict = params_to_torch(params.get('params', params), model_name)
+  params = read_params_file(params_file)
+  state_dict = params_to_torch(params, model_name)
   if out.endswith('.npz'):
     files.write_atomic(out, lambda f: np.savez(f, **state_dict))
   else:
@@ -201,3 +262,10 @@ def params_file_to_torch(params_file: str, model_name: str, out: str) -> dict[st
     tensors = collections.OrderedDict((k, torch.from_numpy(v)) for k, v in state_dict.items())
     files.write_atomic(out, lambda f: torch.save(tensors, f))
   return state_dict
+
+
+if __name__ == '__main__':
+  # Run as a program, this library module would exit 0 having converted nothing; it points to
+  # the command instead (importing it here would make the library depend on its command).
+  sys.exit('prvr_jax.convert is the library, not the command; nothing was converted. Run '
+           f'`python -m prvr_jax.tools.convert {" ".join(sys.argv[1:])}` (or prvr-convert ...)')

@@ -9,7 +9,10 @@ storage records. Neither executes code from the file: the only globals admitted 
 tensor-rebuild functions, storage types and `OrderedDict`, plus the official BertAdam
 schedule classes (in `optimizer.param_groups`) and MS-SL's `easydict.EasyDict` config, which
 are replaced by inert placeholders. Every header is checked against the file before anything
-is read or allocated.
+is read or allocated, and what is allocated is bounded by the file's size
+(`MAX_BYTES_PER_FILE_BYTE`), whatever the headers declare: records overlapping in the zip or
+inflating far beyond it, and tensors viewing the same storage bytes over and over, are refused
+naming the file and the record or tensor.
 
 This module sits on the package's lowest floor (it imports only `prvr_jax.files`): the
 official-name mapping (`prvr_jax.convert`) and the CLIP weights (`prvr_jax.clip.weights`)
@@ -78,6 +81,13 @@ class _StorageType:
 # tensor headers) is a few hundred KB; tensor data must be exactly what the headers declare.
 MAX_PICKLE_BYTES = 64 << 20
 MAX_SMALL_RECORD_BYTES = 64
+# The storages read, and the tensors built from them, may each take at most this many bytes
+# per byte of the file (as numpy arrays, bfloat16 widened to float32, which doubles it). torch
+# stores each storage once, uncompressed, so a real checkpoint holds at most the file's size in
+# storages and in tensors (twice that for bfloat16, or for weights tied to one storage);
+# records overlapping in the zip, or tensors viewing the same bytes again and again, are
+# refused before they are allocated.
+MAX_BYTES_PER_FILE_BYTE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +97,19 @@ class _StorageStub:
   dtype: np.dtype
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TensorStub:
+  """A tensor's shape and dtype, what the validation pass (`materialize=False`) builds."""
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+
 def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False,
                     backward_hooks=None, metadata=None):
-  """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view (None for a
-  `_StorageStub`). A tensor must address only elements of its storage and hold no more
-  elements than it has (no zero or overlapping strides), so copying it costs no more memory
-  than the file's own data."""
+  """`torch._utils._rebuild_tensor_v2` on a numpy storage: a copied strided view (a
+  `TensorStub` for a `_StorageStub`). A tensor must address only elements of its storage and
+  hold no more elements than it has (no zero or overlapping strides), so copying it costs no
+  more memory than its storage; `read_torch_zip` bounds all the copies together."""
   del requires_grad, backward_hooks, metadata
   size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
   if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
@@ -106,7 +123,7 @@ def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False,
     raise pickle.UnpicklingError(f'tensor of size {size} / stride {stride} at offset '
                                  f'{storage_offset} overruns its storage of {storage.size}')
   if isinstance(storage, _StorageStub):
-    return None
+    return TensorStub(size, storage.dtype)
   if not numel:
     return np.zeros(size, storage.dtype)
   itemsize = storage.dtype.itemsize
@@ -158,15 +175,24 @@ class _RestrictedUnpickler(pickle.Unpickler):
     self._archive, self._prefix, self._byteorder, self._path = archive, prefix, byteorder, path
     self._materialize = materialize
     self._storages: dict[str, np.ndarray | _StorageStub] = {}
+    self._storage_keys: dict[int, str] = {}
+    self.file_bytes = os.path.getsize(path)
+    self.budget = MAX_BYTES_PER_FILE_BYTE * self.file_bytes
+    self.storage_bytes = self.tensor_bytes = 0
+    # The first tensor that took the tensors past the budget: (tensor, storage record).
+    self.over_budget: tuple[Any, str] | None = None
 
   def find_class(self, module: str, name: str) -> Any:
+    if (module, name) == ('torch._utils', '_rebuild_tensor_v2'):
+      return self._rebuild_tensor
     try:
       return _TORCH_GLOBALS[(module, name)]
     except KeyError:
       raise pickle.UnpicklingError(
-          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: prvr_jax reads '
-          'only tensors, storages and plain containers (a state_dict, or the official '
-          "checkpoint's dict with one), and never runs code from a checkpoint") from None
+          f'{self._path}: refusing to load global {short(f"{module}.{name}", quote=False)}: '
+          'prvr_jax reads only tensors, storages and plain containers (a state_dict, or the '
+          "official checkpoint's dict with one), and never runs code from a checkpoint"
+      ) from None
 
   def persistent_load(self, pid: Any) -> np.ndarray | _StorageStub:
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
@@ -176,13 +202,32 @@ class _RestrictedUnpickler(pickle.Unpickler):
     key = str(key)
     if key not in self._storages:
       self._storages[key] = self._storage(storage_type.name, key, numel)
+      self._storage_keys[id(self._storages[key])] = key
     return self._storages[key]
+
+  def _rebuild_tensor(self, storage, *args, **kwargs) -> np.ndarray | TensorStub:
+    """`_rebuild_tensor`, counting the bytes of the tensors built against the budget: refused
+    before the copy when materializing, recorded for `read_torch_zip` to name otherwise."""
+    tensor = _rebuild_tensor(storage, *args, **kwargs)
+    record = f'{self._prefix}data/{self._storage_keys.get(id(storage), "?")}'
+    if isinstance(tensor, TensorStub):
+      self.tensor_bytes += math.prod(tensor.shape) * tensor.dtype.itemsize
+      if self.tensor_bytes > self.budget and self.over_budget is None:
+        self.over_budget = (tensor, record)
+    return tensor
 
   def _storage(self, type_name: str, key: str, numel: int) -> np.ndarray | _StorageStub:
     dtype = _STORAGE_DTYPES[type_name]
     record_dtype = np.dtype('uint16' if dtype == 'bfloat16' else dtype)
-    info = _record(self._archive, f'{self._prefix}data/{key}', numel * record_dtype.itemsize,
-                   self._path, exact=True)
+    name = f'{self._prefix}data/{key}'
+    info = _record(self._archive, name, numel * record_dtype.itemsize, self._path, exact=True)
+    self.storage_bytes += numel * (4 if dtype == 'bfloat16' else record_dtype.itemsize)
+    if self.storage_bytes > self.budget:
+      raise pickle.UnpicklingError(
+          f'{self._path}: storage record {name} takes the storages to {self.storage_bytes} '
+          f'bytes, more than {MAX_BYTES_PER_FILE_BYTE} x the file\'s {self.file_bytes} bytes: '
+          'records overlap in the zip or inflate beyond what torch writes (refused before '
+          'reading it)')
     if not self._materialize:
       return _StorageStub(numel, np.dtype(np.float32 if dtype == 'bfloat16' else dtype))
     array = np.frombuffer(self._archive.read(info),
@@ -196,9 +241,11 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
   """The object saved by `torch.save` at `path`, read without torch; tensors become numpy.
 
   Nothing is inflated or allocated beyond what the file's headers declare, and those are
-  checked first: the pickle is at most `MAX_PICKLE_BYTES`, every storage record holds exactly
-  its declared elements, every tensor lies inside its storage. `materialize=False` only
-  checks (tensors come back as None).
+  checked first, in a pass that reads no storage: the pickle is at most `MAX_PICKLE_BYTES`
+  (and `MAX_BYTES_PER_FILE_BYTE` x the file's size), every storage record holds exactly its
+  declared elements, every tensor lies inside its storage, and the storages, and the tensors,
+  each take at most `MAX_BYTES_PER_FILE_BYTE` x the file's size. `materialize=False` only
+  checks (tensors come back as `TensorStub`s).
 
   Raises `pickle.UnpicklingError` (naming the file) for anything but tensors, storages and
   plain containers or for malformed records, `ValueError` for files that are not torch zip
@@ -220,8 +267,47 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
     if byteorder not in ('little', 'big'):
       raise ValueError(f'{path}: unknown byteorder {short(byteorder)}')
     byteorder = '<' if byteorder == 'little' else '>'
-    data = archive.read(_record(archive, pickles[0], MAX_PICKLE_BYTES, path))
+    pickle_limit = min(MAX_PICKLE_BYTES, MAX_BYTES_PER_FILE_BYTE * os.path.getsize(path))
+    data = archive.read(_record(archive, pickles[0], pickle_limit, path))
+    checker = _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize=False)
+    checked = checker.load()
+    if checker.over_budget is not None:
+      tensor, record = checker.over_budget
+      name = _key_path(checked, tensor)
+      raise pickle.UnpicklingError(
+          f'{path}: tensor {short(name, quote=False) if name else "(unnamed)"} '
+          f'{list(tensor.shape)} of storage record {record} takes the tensors past '
+          f"{MAX_BYTES_PER_FILE_BYTE} x the file's {checker.file_bytes} bytes "
+          f'({checker.tensor_bytes} bytes in all): its tensors view the same storage bytes '
+          'over and over (refused before reading them)')
+    if not materialize:
+      return checked
     return _RestrictedUnpickler(data, archive, prefix, byteorder, path, materialize).load()
+
+
+def _key_path(obj: Any, target: Any, depth: int = 8, seen: set[int] | None = None
+              ) -> str | None:
+  """The '/'-joined keys under which `target` (an object) lies in containers `obj`, or None.
+  Each container is visited once (a pickle may reference one container many times)."""
+  if obj is target:
+    return ''
+  seen = set() if seen is None else seen
+  if depth == 0 or id(obj) in seen:
+    return None
+  seen.add(id(obj))
+  if isinstance(obj, OfficialObject):
+    obj = obj.__dict__
+  if isinstance(obj, dict):
+    items = obj.items()
+  elif isinstance(obj, (list, tuple)):
+    items = enumerate(obj)
+  else:
+    return None
+  for key, value in items:
+    found = _key_path(value, target, depth - 1, seen)
+    if found is not None:
+      return f'{key}/{found}' if found else str(key)
+  return None
 
 
 def _torch_load(path: str) -> Any:

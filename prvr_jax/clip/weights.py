@@ -7,9 +7,12 @@ restricted unpickler without torch, `torch.load(weights_only=True)` with it).
   config, params = weights.load('ViT-B-32.state_dict.pt')   # or HF 'model.safetensors'
   image_features = CLIP(config).apply({'params': params}, images, method='encode_image')
 
-Both mappings are strict: a missing or unknown tensor, or one of another shape, is an error
-that names it. The attention head counts are not in the weights: without a `config` they are
-taken as width / 64, as in every OpenAI ViT model (B/32, B/16: 12 image, 8 text heads).
+Both mappings are strict: a missing or unknown tensor, one of another shape, or one holding
+NaN or inf values is an error that names it (and the file). Every reader is bounded by the
+file: a header declaring more than the file holds, or tensors sharing bytes, is refused before
+anything is allocated. The attention head counts are not in the weights: without a `config`
+they are taken as width / 64, as in every OpenAI ViT model (B/32, B/16: 12 image, 8 text
+heads).
 """
 
 from collections.abc import Callable, Mapping
@@ -277,14 +280,23 @@ def _to_params(tensors: Mapping[str, Any], entries: list[Entry], ignored: set[st
       problems.append(f'{len(items)} {title}:\n{listing(items)}')
   if problems:
     raise WeightsError(f'{what} does not match CLIP {config}:\n' + '\n'.join(problems))
-  flat = {}
+  flat, non_finite = {}, []
   for name, _, targets in entries:
     array = np.asarray(tensors[name])
     if not np.issubdtype(array.dtype, np.floating):
       raise WeightsError(f'{what}: {name!r} has dtype {array.dtype}, expected floating point')
-    array = array.astype(np.float32)
+    with np.errstate(over='ignore'):  # a float64 beyond float32's range becomes inf: refused
+      array = array.astype(np.float32)
+    bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+    if bad:
+      non_finite.append((name, bad, array.size))
+      continue
     for path, convert in targets.items():
       flat[path] = np.array(convert(array), order='C')
+  if non_finite:
+    name, bad, size = non_finite[0]
+    raise WeightsError(f'{what}: {len(non_finite)} tensor(s) hold NaN or inf values (first: '
+                       f'{name!r}, {bad} of {size} values); refusing to use them')
   params = traverse_util.unflatten_dict(flat, sep='/')
   # Our own bookkeeping: the maps cover exactly the module's parameters.
   leaves = jax.tree_util.tree_flatten_with_path(model_lib.param_shapes(config))[0]
@@ -303,38 +315,87 @@ def _check_metadata(state_dict: Mapping[str, Any], config: CLIPConfig) -> None:
                            f'{getattr(config, field)}')
 
 
-def from_torch_state_dict(state_dict: Mapping[str, np.ndarray], config: CLIPConfig | None = None
-                          ) -> tuple[CLIPConfig, Params]:
+def _what(kind: str, source: str | None) -> str:
+  return kind if source is None else f'{source} ({kind})'
+
+
+def from_torch_state_dict(state_dict: Mapping[str, np.ndarray], config: CLIPConfig | None = None,
+                          source: str | None = None) -> tuple[CLIPConfig, Params]:
   """(config, params) of an OpenAI / open_clip CLIP state dict (torch names -> arrays).
 
   `config` None infers it from the shapes (`infer_config`). Accepts OpenAI's TorchScript
   metadata scalars (`input_resolution`, `context_length`, `vocab_size`) when they agree with
-  the config. Raises `WeightsError` naming every missing, unknown or misshapen key.
+  the config. Raises `WeightsError` naming every missing, unknown or misshapen key, or the
+  tensors holding NaN or inf values (weights that would poison training or ranking);
+  `source` (the file) leads every message.
   """
   if config is None:
     config = infer_config(state_dict)
   _check_metadata(state_dict, config)
   params = _to_params(state_dict, openai_names(config), set(_OPENAI_METADATA), config,
-                      'the OpenAI / open_clip state dict')
+                      _what('the OpenAI / open_clip state dict', source))
   return config, params
 
 
-def from_huggingface(tensors: Mapping[str, np.ndarray], config: CLIPConfig | None = None
-                     ) -> tuple[CLIPConfig, Params]:
+def from_huggingface(tensors: Mapping[str, np.ndarray], config: CLIPConfig | None = None,
+                     source: str | None = None) -> tuple[CLIPConfig, Params]:
   """(config, params) of Hugging Face `CLIPModel` tensors (e.g. its `model.safetensors`).
 
   `config` None infers it from the shapes (`infer_huggingface_config`). The `position_ids`
-  buffers are skipped; anything else unknown, missing or misshapen raises `WeightsError`.
+  buffers are skipped; anything else unknown, missing or misshapen, or holding NaN or inf
+  values, raises `WeightsError` (led by `source`, the file, when given).
   """
   if config is None:
     config = infer_huggingface_config(tensors)
   params = _to_params(tensors, huggingface_names(config), set(_HF_BUFFERS), config,
-                      'the Hugging Face CLIPModel tensors')
+                      _what('the Hugging Face CLIPModel tensors', source))
   return config, params
 
 
 # ---------------------------------------------------------------------------------------------
 # Files.
+
+def _safetensors_entries(path: str, header: Mapping[str, Any], data_size: int
+                         ) -> list[tuple[str, str, list[int], int, int]]:
+  """(name, dtype name, shape, begin, end) of every tensor a safetensors header declares, each
+  checked against the file's `data_size` data bytes, and no two sharing a byte."""
+  entries = []
+  for name, info in header.items():
+    if name == '__metadata__':
+      continue
+    where = f'{path}: tensor {name!r}'
+    if not isinstance(info, dict) or set(info) != {'dtype', 'shape', 'data_offsets'}:
+      raise ValueError(f'{where}: expected dtype, shape and data_offsets, got {info!r:.200}')
+    dtype = _SAFETENSORS_DTYPES.get(info['dtype'])
+    if dtype is None:
+      raise ValueError(f'{where}: unsupported dtype {info["dtype"]!r} (supported: '
+                       f'{", ".join(_SAFETENSORS_DTYPES)})')
+    shape, offsets = info['shape'], info['data_offsets']
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+      raise ValueError(f'{where}: bad shape {shape!r:.200}')
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(o) is int for o in offsets)):
+      raise ValueError(f'{where}: bad data_offsets {offsets!r:.200}')
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+      raise ValueError(f'{where}: data_offsets [{begin}, {end}] lie outside the file\'s '
+                       f'{data_size} data bytes (truncated?)')
+    nbytes = math.prod(shape) * dtype.itemsize
+    if end - begin != nbytes:
+      raise ValueError(f'{where}: data_offsets [{begin}, {end}] hold {end - begin} bytes, '
+                       f'but {info["dtype"]} {shape} needs {nbytes}')
+    entries.append((name, info['dtype'], shape, begin, end))
+  # Tensors sharing bytes would each be read (and allocated) in full: 80 tensors on one 64 MiB
+  # range would take 80 x 64 MiB. The format gives each tensor its own bytes; anything else is
+  # refused here, so what is read never exceeds the file.
+  ranges = sorted((begin, end, name) for name, _, _, begin, end in entries if end > begin)
+  for (begin_a, end_a, name_a), (begin_b, end_b, name_b) in zip(ranges, ranges[1:]):
+    if begin_b < end_a:
+      raise ValueError(f'{path}: tensor {name_b!r} (data_offsets [{begin_b}, {end_b}]) overlaps '
+                       f'tensor {name_a!r} ([{begin_a}, {end_a}]); each tensor of a safetensors '
+                       'file must have its own bytes (refused before reading any)')
+  return entries
+
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """The tensors of a `.safetensors` file as numpy arrays (BF16 widened to float32).
@@ -342,7 +403,9 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   The format: an 8-byte little-endian header length N, N bytes of JSON mapping each name to
   `{dtype, shape, data_offsets: [begin, end]}` (offsets into the data after the header), then
   the little-endian data. The header length, every offset and every size are checked against
-  the file before anything is read. Raises `ValueError` naming the file (and tensor).
+  the file, and the tensors' byte ranges for overlap, before anything is read: the arrays
+  returned hold at most the file's data bytes (twice that for BF16, widened). Raises
+  `ValueError` naming the file (and tensor).
   """
   size = os.path.getsize(path)
   with open(path, 'rb') as f:
@@ -362,36 +425,14 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
       raise ValueError(f'{path}: the safetensors header is not a JSON object')
     data_start, data_size = 8 + header_len, size - 8 - header_len
     tensors = {}
-    for name, info in header.items():
-      if name == '__metadata__':
-        continue
-      where = f'{path}: tensor {name!r}'
-      if not isinstance(info, dict) or set(info) != {'dtype', 'shape', 'data_offsets'}:
-        raise ValueError(f'{where}: expected dtype, shape and data_offsets, got {info!r:.200}')
-      dtype = _SAFETENSORS_DTYPES.get(info['dtype'])
-      if dtype is None:
-        raise ValueError(f'{where}: unsupported dtype {info["dtype"]!r} (supported: '
-                         f'{", ".join(_SAFETENSORS_DTYPES)})')
-      shape, offsets = info['shape'], info['data_offsets']
-      if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise ValueError(f'{where}: bad shape {shape!r:.200}')
-      if not (isinstance(offsets, list) and len(offsets) == 2
-              and all(type(o) is int for o in offsets)):
-        raise ValueError(f'{where}: bad data_offsets {offsets!r:.200}')
-      begin, end = offsets
-      if not 0 <= begin <= end <= data_size:
-        raise ValueError(f'{where}: data_offsets [{begin}, {end}] lie outside the file\'s '
-                         f'{data_size} data bytes (truncated?)')
-      nbytes = math.prod(shape) * dtype.itemsize
-      if end - begin != nbytes:
-        raise ValueError(f'{where}: data_offsets [{begin}, {end}] hold {end - begin} bytes, '
-                         f'but {info["dtype"]} {shape} needs {nbytes}')
-      buffer = bytearray(nbytes)
+    for name, dtype_name, shape, begin, end in _safetensors_entries(path, header, data_size):
+      dtype = _SAFETENSORS_DTYPES[dtype_name]
+      buffer = bytearray(end - begin)
       f.seek(data_start + begin)
-      if f.readinto(buffer) != nbytes:
-        raise ValueError(f'{where}: the file ended while reading it')
+      if f.readinto(buffer) != end - begin:
+        raise ValueError(f'{path}: tensor {name!r}: the file ended while reading it')
       array = np.frombuffer(buffer, dtype).reshape(shape)
-      if info['dtype'] == 'BF16':  # bfloat16 is the upper half of a float32
+      if dtype_name == 'BF16':  # bfloat16 is the upper half of a float32
         tensors[name] = (array.astype(np.uint32) << 16).view(np.float32)
       else:
         tensors[name] = array.astype(dtype.newbyteorder('='), copy=False)
@@ -411,7 +452,9 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
   `.safetensors` (read by `read_safetensors`) and `.pt` / `.pth` / `.bin` torch files (read by
   `prvr_jax.torch_file.load_torch_checkpoint`, a state dict or a dict holding it under
   'state_dict'). The names say which mapping applies: Hugging Face `CLIPModel`
-  (`vision_model.*`, `text_model.*`) or OpenAI / open_clip (`visual.*`, ...). OpenAI's
+  (`vision_model.*`, `text_model.*`) or OpenAI / open_clip (`visual.*`, ...). Every weight
+  must be finite (as official PRVR checkpoints must be): a NaN or inf is refused naming the
+  file and the tensor, whichever reader read it. OpenAI's
   released TorchScript archives are refused (reading them means running their code): re-save
   their state dict once with torch.
   """
@@ -434,8 +477,8 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
                      '.pt, .pth or .bin)')
   tensors = torch_file.strip_module_prefix(tensors)
   if any(k.startswith(('vision_model.', 'text_model.')) for k in tensors):
-    return from_huggingface(tensors, config)
-  return from_torch_state_dict(tensors, config)
+    return from_huggingface(tensors, config, source=path)
+  return from_torch_state_dict(tensors, config, source=path)
 
 
 def into_model(params: Params, clip_params: Params, source: str = 'the CLIP weights') -> Params:

@@ -9,7 +9,9 @@ import functools
 import gzip
 import importlib.util
 import json
+import re
 import struct
+import tracemalloc
 import zipfile
 
 import jax
@@ -301,6 +303,47 @@ def test_load_safetensors_of_both_namings(tmp_path):
   _assert_same_params(weights.load(str(openai), TINY)[1], expected)
 
 
+def test_read_safetensors_refuses_tensors_sharing_bytes_before_allocating(tmp_path):
+  """80 tensors on one byte range would be read 80 times over: refused from the header, naming
+  the file and a tensor, with no more memory taken than a fraction of the file."""
+  block = np.ones(1 << 16, np.float32).tobytes()  # 256 KiB
+  header = {f'w{i}': {'dtype': 'F32', 'shape': [1 << 16], 'data_offsets': [0, len(block)]}
+            for i in range(80)}
+  text = json.dumps(header).encode()
+  path = tmp_path / 'aliased.safetensors'
+  path.write_bytes(struct.pack('<Q', len(text)) + text + block)
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError) as error:
+      weights.read_safetensors(str(path))
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  last = str(error.value).splitlines()[-1]
+  assert str(path) in last and re.search(r"tensor 'w\d+' .* overlaps tensor 'w\d+'", last)
+  assert peak < len(block) // 4
+  # A partial overlap too; empty tensors may share an offset.
+  good = _write_safetensors(tmp_path / 'good.safetensors', {
+      'a': _tensor(np.ones(4, np.float32)), 'b': _tensor(np.ones(4, np.float32)),
+      'e': _tensor(np.zeros(0, np.float32))}).read_bytes()
+  n = struct.unpack('<Q', good[:8])[0]
+  header = json.loads(good[8:8 + n])
+  assert header['e']['data_offsets'] == [32, 32]
+  header['e']['data_offsets'] = [16, 16]
+  empty_shared = json.dumps(header).encode()
+  (tmp_path / 'empty.safetensors').write_bytes(
+      struct.pack('<Q', len(empty_shared)) + empty_shared + good[8 + n:])
+  assert weights.read_safetensors(str(tmp_path / 'empty.safetensors'))['e'].shape == (0,)
+  header['b']['data_offsets'] = [8, 24]
+  header['e']['data_offsets'] = [24, 24]
+  partial = json.dumps(header).encode()
+  (tmp_path / 'partial.safetensors').write_bytes(
+      struct.pack('<Q', len(partial)) + partial + good[8 + n:])
+  with pytest.raises(ValueError, match=r"partial.safetensors: tensor 'b' \(data_offsets "
+                     r"\[8, 24\]\) overlaps tensor 'a' \(\[0, 16\]\)"):
+    weights.read_safetensors(str(tmp_path / 'partial.safetensors'))
+
+
 def _write_torch_zip(path, state):
   """A torch.save zip of float32 tensors {name: array}, written without torch: protocol-2
   opcodes of {name: torch._utils._rebuild_tensor_v2(storage, 0, shape, stride, False, {})}."""
@@ -331,6 +374,41 @@ def test_load_torch_state_dict(tmp_path):
   config, params = weights.load(str(path), TINY)
   assert config == TINY
   _assert_same_params(params, weights.from_torch_state_dict(state, TINY)[1])
+
+
+def test_non_finite_clip_weights_are_refused_by_every_reader(tmp_path):
+  """A NaN or inf in any CLIP weight (as `config.model.clip_weights` would feed training) is
+  refused, the last line naming the file and the tensor: safetensors of both namings, torch
+  files, float64 values beyond float32's range, and state dicts passed directly."""
+  state, hf = _state('clip_tiny.npz'), _state('clip_tiny_hf.npz')
+  nan_state = {**state, 'visual.proj': state['visual.proj'].copy()}
+  nan_state['visual.proj'][3, 5] = np.nan
+  inf_hf = {**hf, 'text_projection.weight': hf['text_projection.weight'].copy()}
+  inf_hf['text_projection.weight'][0, :2] = -np.inf
+  huge = {**state, 'ln_final.bias': state['ln_final.bias'].astype(np.float64)}
+  huge['ln_final.bias'][0] = 1e300
+  files = {
+      'open_clip.safetensors': (_write_safetensors(
+          tmp_path / 'open_clip.safetensors', {k: _tensor(v) for k, v in nan_state.items()}),
+          "'visual.proj', 1 of 1152 values"),
+      'model.safetensors': (_write_safetensors(
+          tmp_path / 'model.safetensors', {k: _tensor(v) for k, v in inf_hf.items()}),
+          "'text_projection.weight', 2 of 768 values"),
+      'clip.pt': (_write_torch_zip(tmp_path / 'clip.pt', nan_state),
+                  "'visual.proj', 1 of 1152 values"),
+      'f64.safetensors': (_write_safetensors(
+          tmp_path / 'f64.safetensors', {k: _tensor(v) for k, v in huge.items()}),
+          "'ln_final.bias', 1 of 32 values"),
+  }
+  for name, (path, tensor) in files.items():
+    with pytest.raises(weights.WeightsError) as error:
+      weights.load(str(path), TINY)
+    last = str(error.value).splitlines()[-1]
+    assert last.startswith(str(path)) and tensor in last, (name, last)
+    assert 'NaN or inf' in last
+  with pytest.raises(weights.WeightsError, match=r"1 tensor\(s\) hold NaN or inf values "
+                     r"\(first: 'visual.proj'"):
+    weights.from_torch_state_dict(nan_state, TINY)
 
 
 def test_load_refuses_torchscript_and_unknown_files(tmp_path):

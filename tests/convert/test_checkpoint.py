@@ -1,11 +1,14 @@
 """Our checkpoints are never trusted blindly: damaged, incomplete or non-finite ones are refused
 with a message naming their folder; incomplete steps are skipped (set aside when training)."""
 
+import json
 import logging
 import os
 import pathlib
+import re
 import shutil
 import struct
+import sys
 import zipfile
 
 import jax
@@ -148,3 +151,63 @@ def _save_state_dict(path: pathlib.Path, state_dict: dict[str, np.ndarray]) -> N
     archive.writestr('archive/byteorder', 'little')
     for i, value in enumerate(state_dict.values()):
       archive.writestr(f'archive/data/{i}', np.ascontiguousarray(value, np.float32).tobytes())
+
+
+def test_a_damaged_array_or_metadata_file_is_one_error_naming_the_step_and_file(tiny, tmp_path):
+  """A truncated or zeroed TensorStore data file: one CheckpointError whose single line names
+  the step folder and the array TensorStore could not read (not Orbax's quoted spec); a
+  damaged JSON metadata file is named the same way."""
+  config, mesh, _ = tiny
+  _save(tmp_path / 'w', tiny, 5)
+  step_dir = tmp_path / 'w' / checkpoint.BEST_DIR / '5'
+  data = _largest_file(step_dir / 'params')
+  raw = data.read_bytes()
+  for damaged in (raw[:100], bytes(len(raw))):
+    data.write_bytes(damaged)
+    with pytest.raises(checkpoint.CheckpointError) as error:
+      checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
+    message = str(error.value)
+    assert '\n' not in message and 'TensorStore({' not in message, message
+    assert re.match(rf'{step_dir} cannot be read \(array params/[\w.]+: ValueError: ', message)
+    array = re.match(r'.* \(array params/([\w.]+):', message).group(1)
+    assert array.replace('.', '/') in {path for path, _ in _param_paths(config)}
+    assert message.endswith('the checkpoint is damaged or incomplete. There is no other '
+                            'complete step in this folder.')
+  # A damaged metadata file: JSON's own error names no file; the message does.
+  data.write_bytes(raw)
+  (step_dir / 'params' / '_METADATA').write_text('{"tree_metadata": {"garbage')
+  with pytest.raises(checkpoint.CheckpointError) as error:
+    checkpoint.load_params(str(tmp_path / 'w'), config, mesh)
+  assert '\n' not in str(error.value)
+  assert str(error.value).startswith(f'{step_dir} cannot be read (JSON file params/_METADATA: '
+                                     'JSONDecodeError: ')
+
+
+def _param_paths(config):
+  shapes = SPEC.param_shapes(config.model)
+  return [('/'.join(str(k.key) for k in path), leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)]
+
+
+def test_reading_a_checkpoint_imports_nothing_it_names(tiny, tmp_path, monkeypatch):
+  """Handler and value types named in a step's metadata are never imported: a planted module
+  on the import path, named there, is not run; the checkpoint reads as before."""
+  config, mesh, _ = tiny
+  _save(tmp_path / 'w', tiny, 5)
+  planted = tmp_path / 'planted'
+  planted.mkdir()
+  marker = tmp_path / 'ran'
+  (planted / 'prvr_planted_handler.py').write_text(
+      f'import pathlib\npathlib.Path({str(marker)!r}).write_text("ran")\nclass Evil:\n  pass\n')
+  monkeypatch.syspath_prepend(str(planted))
+  for folder in (checkpoint.BEST_DIR, checkpoint.LATEST_DIR):
+    meta_file = tmp_path / 'w' / folder / '5' / '_CHECKPOINT_METADATA'
+    meta = json.loads(meta_file.read_text())
+    meta['item_handlers'] = {k: 'prvr_planted_handler.Evil' for k in meta['item_handlers']}
+    meta_file.write_text(json.dumps(meta))
+  tree = tmp_path / 'w' / checkpoint.BEST_DIR / '5' / 'params' / '_METADATA'
+  tree.write_text(tree.read_text().replace('"jax.Array"', '"prvr_planted_handler.Evil"'))
+  for path in (tmp_path / 'w', tmp_path / 'w' / checkpoint.LATEST_DIR):
+    _, info = checkpoint.load_params(str(path), config, mesh)
+    assert info['step'] == 5
+  assert not marker.exists() and 'prvr_planted_handler' not in sys.modules

@@ -1,11 +1,14 @@
 """prvr_jax.convert: the official name mapping, and its command line (prvr_jax.tools.convert)."""
 
+import os
+import pathlib
 import re
 import subprocess
 import sys
 
 import jax
 import ml_collections
+import msgpack
 import numpy as np
 import pytest
 from flax import serialization
@@ -151,3 +154,91 @@ def test_mapping_errors_stay_short_for_hostile_state_dicts():
   with pytest.raises(ValueError, match=r'unused torch keys \(100000\):') as e:
     convert.torch_to_params(state_dict, 'gmmformer', _config('gmmformer'))
   assert '... and 99990 more' in str(e.value) and len(str(e.value)) < 2000
+
+
+def test_cli_never_replaces_its_input_or_an_existing_file(tmp_path):
+  """`--out` equal to the input (same path, a relative path, a symbolic or hard link) is refused
+  whatever the flags; an existing `--out` is replaced only with `--overwrite`. Each refusal's
+  last line names the flag, and the files are left as they were."""
+  ckpt = tmp_path / 'best.ckpt'
+  ckpt.write_bytes(pathlib.Path(_ckpt('gmmformer')).read_bytes())
+  original = ckpt.read_bytes()
+  (tmp_path / 'link.ckpt').symlink_to(ckpt)
+  os.link(ckpt, tmp_path / 'hard.ckpt')
+  sub = tmp_path / 'sub'
+  sub.mkdir()
+  for out in (str(ckpt), str(tmp_path / 'link.ckpt'), str(tmp_path / 'hard.ckpt'),
+              str(sub / '..' / 'best.ckpt')):
+    for overwrite in (False, True):
+      with pytest.raises(ValueError, match=r'is the input file --checkpoint=') as error:
+        convert.checkpoint_to_params_file(str(ckpt), 'gmmformer', out, overwrite)
+      assert str(error.value).startswith(f'--out={out} ')
+  assert ckpt.read_bytes() == original and (tmp_path / 'link.ckpt').is_symlink()
+  env = support.subprocess_env(JAX_PLATFORMS='cpu')
+  run = lambda *args: subprocess.run([sys.executable, '-m', *args], env=env, cwd=tmp_path,
+                                     capture_output=True, text=True)
+  # The library module run as a program converts nothing and names the command (it used to
+  # exit 0 having done nothing).
+  proc = run('prvr_jax.convert', '--model=gmmformer', f'--checkpoint={ckpt}', '--out=best.ckpt')
+  assert proc.returncode != 0 and ckpt.read_bytes() == original
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      'Run `python -m prvr_jax.tools.convert --model=gmmformer '
+      f'--checkpoint={ckpt} --out=best.ckpt` (or prvr-convert ...)'), proc.stderr[-2000:]
+  # The command: a relative --out is resolved, and --overwrite does not make it replaceable.
+  proc = run('prvr_jax.tools.convert', '--model=gmmformer', f'--checkpoint={ckpt}',
+             '--out=best.ckpt', '--overwrite')
+  assert proc.returncode != 0 and ckpt.read_bytes() == original
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      f'--out=best.ckpt is the input file --checkpoint={ckpt}; refusing to replace what is '
+      'being converted: choose another --out'), proc.stderr[-2000:]
+  # An existing file that the converter did not write: refused without --overwrite.
+  other = tmp_path / 'params.msgpack'
+  other.write_bytes(b'not ours')
+  proc = run('prvr_jax.tools.convert', '--model=gmmformer', f'--checkpoint={ckpt}',
+             f'--out={other}')
+  assert proc.returncode != 0 and other.read_bytes() == b'not ours'
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      f'--out={other} already exists; refusing to replace it (pass --overwrite to replace it, '
+      'or choose another --out)'), proc.stderr[-2000:]
+  convert.checkpoint_to_params_file(str(ckpt), 'gmmformer', str(other), overwrite=True)
+  restored = serialization.msgpack_restore(other.read_bytes())
+  jax.tree.map(np.testing.assert_array_equal, restored,
+               convert.torch_to_params(torch_file.load_torch_checkpoint(str(ckpt)), 'gmmformer'))
+  # Export: --out equal to --params, or an existing file, is refused the same way.
+  with pytest.raises(ValueError, match=rf'--out={other} is the input file --params={other}'):
+    convert.params_file_to_torch(str(other), 'gmmformer', str(other), overwrite=True)
+  (tmp_path / 'sd.npz').write_bytes(b'keep')
+  with pytest.raises(ValueError, match=r'sd.npz already exists; .*--overwrite'):
+    convert.params_file_to_torch(str(other), 'gmmformer', str(tmp_path / 'sd.npz'))
+  assert (tmp_path / 'sd.npz').read_bytes() == b'keep'
+  with pytest.raises(ValueError, match=rf'--out={sub} is a folder'):
+    convert.params_file_to_torch(str(other), 'gmmformer', str(sub), overwrite=True)
+  for out in ('', f'{tmp_path}/new/'):
+    with pytest.raises(ValueError, match=rf"--out='{out}' names no file"):
+      convert.params_file_to_torch(str(other), 'gmmformer', out, overwrite=True)
+
+
+def test_export_refuses_non_finite_or_foreign_params_files(tmp_path):
+  params = convert.torch_to_params(torch_file.load_torch_checkpoint(_ckpt('gmmformer')),
+                                   'gmmformer')
+  params['clip']['encoder_0']['branches']['attention']['value']['bias'][1, 3] = np.inf
+  (tmp_path / 'inf.msgpack').write_bytes(serialization.msgpack_serialize({'params': params}))
+  with pytest.raises(ValueError) as error:
+    convert.params_file_to_torch(str(tmp_path / 'inf.msgpack'), 'gmmformer',
+                                 str(tmp_path / 'sd.npz'))
+  assert str(error.value).splitlines()[-1] == (
+      f'--params={tmp_path / "inf.msgpack"}: 1 parameter(s) hold NaN or inf values (first: '
+      'clip/encoder_0/branches/attention/value/bias, 1 values); refusing to export them')
+  assert not (tmp_path / 'sd.npz').exists()
+  # An array declaring 2**40 float32 values over 16 bytes is refused, not allocated.
+  declared = msgpack.packb({'w': msgpack.ExtType(
+      serialization._MsgpackExtType.ndarray,  # pylint: disable=protected-access
+      msgpack.packb(((1 << 20, 1 << 20), 'float32', bytes(16))))})
+  for name, content in (('garbage', b'\xc1\xc1 not msgpack'), ('torch', b'PK\x03\x04zip'),
+                        ('list', serialization.msgpack_serialize([1, 2])),
+                        ('declared', declared)):
+    (tmp_path / f'{name}.msgpack').write_bytes(content)
+    with pytest.raises(ValueError, match=rf'--params={tmp_path / name}.msgpack (is not a flax '
+                       'msgpack file|holds no tree of numeric arrays)'):
+      convert.params_file_to_torch(str(tmp_path / f'{name}.msgpack'), 'gmmformer',
+                                   str(tmp_path / 'sd.npz'))

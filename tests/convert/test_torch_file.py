@@ -205,3 +205,67 @@ def test_torch_free_reader_strides_offsets_bfloat16_and_gpu_locations(tmp_path):
              [('0', values.tobytes())])
   with pytest.raises(pickle.UnpicklingError, match='overruns its storage'):
     torch_file.load_torch_checkpoint(str(tmp_path / 'bad.pt'), use_torch=False)
+
+
+def _shared_storage_pickle(names, numel):
+  """Protocol-2 opcodes of `{name: _rebuild_tensor_v2(storage '0', 0, (numel,), (1,))}` for
+  every name: tensors that all view the same whole storage."""
+  text = lambda s: b'X' + struct.pack('<I', len(s)) + s.encode()
+  integer = lambda x: b'J' + struct.pack('<i', x)
+  body = b''
+  for name in names:
+    body += (text(name) + b'ctorch._utils\n_rebuild_tensor_v2\n('
+             + b'(' + text('storage') + b'ctorch\nFloatStorage\n' + text('0') + text('cpu')
+             + integer(numel) + b'tQ' + integer(0) + b'(' + integer(numel) + b't('
+             + integer(1) + b't' + b'\x89ccollections\nOrderedDict\n)Rt' + b'R')
+  return b'\x80\x02}(' + body + b'u.'
+
+
+def test_tensors_viewing_one_storage_over_and_over_are_refused(tmp_path, monkeypatch):
+  """80 tensors on the same 256 KiB storage would be copied 80 times (20 MiB from a 256 KiB
+  file): refused before the storage is read, the last line naming the file, the tensor and
+  its storage record. Two tensors tied to one storage (shared weights) are read."""
+  numel = 1 << 16
+  names = [f'layer.{i}.weight' for i in range(80)]
+  _write_zip(tmp_path / 'aliased.pt', _shared_storage_pickle(names, numel),
+             [('0', np.ones(numel, np.float32).tobytes())])
+  read = []
+  original = zipfile.ZipFile.read
+  monkeypatch.setattr(zipfile.ZipFile, 'read',
+                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
+                      or original(self, name, pwd))
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError) as error:
+      torch_file.load_torch_checkpoint(str(tmp_path / 'aliased.pt'), use_torch=use_torch)
+    last = str(error.value).splitlines()[-1]
+    assert last.startswith(f'{tmp_path / "aliased.pt"}: tensor layer.2.weight [65536] of '
+                           'storage record archive/data/0'), last
+    assert 'view the same storage bytes' in last
+  assert 'archive/data/0' not in read
+  _write_zip(tmp_path / 'tied.pt', _shared_storage_pickle(['a', 'b'], numel),
+             [('0', np.arange(numel, dtype=np.float32).tobytes())])
+  tied = torch_file.load_torch_checkpoint(str(tmp_path / 'tied.pt'), use_torch=False)
+  np.testing.assert_array_equal(tied['a'], np.arange(numel, dtype=np.float32))
+  np.testing.assert_array_equal(tied['b'], tied['a'])
+
+
+def test_storages_inflating_far_beyond_the_file_are_refused(tmp_path, monkeypatch):
+  """A 16 KiB file whose (honestly declared) deflated record inflates to 16 MiB: torch never
+  compresses its records, so storages beyond twice the file's size are refused unread."""
+  numel = 1 << 22
+  _write_zip(tmp_path / 'deflated.pt', _tensor_pickle('FloatStorage', 'cpu', numel, 0,
+                                                      (numel,), (1,)),
+             [('0', bytes(4 * numel))], compression=zipfile.ZIP_DEFLATED)
+  assert os.path.getsize(tmp_path / 'deflated.pt') < (1 << 15)
+  read = []
+  original = zipfile.ZipFile.read
+  monkeypatch.setattr(zipfile.ZipFile, 'read',
+                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
+                      or original(self, name, pwd))
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError) as error:
+      torch_file.load_torch_checkpoint(str(tmp_path / 'deflated.pt'), use_torch=use_torch)
+    last = str(error.value).splitlines()[-1]
+    assert last.startswith(f'{tmp_path / "deflated.pt"}: storage record archive/data/0 takes '
+                           'the storages to 16777216 bytes, more than 2 x the file'), last
+  assert 'archive/data/0' not in read
