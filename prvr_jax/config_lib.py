@@ -11,7 +11,9 @@ of named variants (dotted keys), through `build_config`:
 
 from collections.abc import Callable, Mapping, Sequence
 import difflib
+import hashlib
 import importlib.util
+import json
 import math
 import os
 from typing import Any
@@ -313,6 +315,21 @@ def flat_items(config: Any, prefix: str = '') -> dict[str, Any]:
     else:
       out[f'{prefix}{key}'] = value
   return out
+
+
+# Fields that change nothing a run computes (where data lies, logging, checkpoint cadence):
+# a resumed run may change them freely, and `config_fingerprint` leaves them out.
+OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
+                      'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
+
+
+def config_fingerprint(config: Any) -> str:
+  """16 hex digits of the sha256 of a config (ConfigDict or mapping) but its
+  `OPERATIONAL_FIELDS`: what a result file records of the settings that produced it, the same
+  wherever the data lay."""
+  flat = {k: v for k, v in flat_items(config).items() if not k.startswith(OPERATIONAL_FIELDS)}
+  text = json.dumps(flat, sort_keys=True, default=list)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
