@@ -149,6 +149,23 @@ def _resume_plan(config: ml_collections.ConfigDict, meta: dict[str, Any], workdi
     return 'train'
   if not meta['finished']:  # ends here under the new bounds: test it
     return 'test'
+  why, how = _finished_note(config, meta)
+  untrained = [c for c in changes if not c.startswith(_TEST_ONLY_FIELDS)]
+  if untrained:
+    raise ValueError(f'{workdir} holds a finished run ({why}), so these changes would train '
+                     f'nothing: {"; ".join(untrained)}. {how}')
+  if (not changes and not config.train.get('plots', False)
+      and os.path.isfile(os.path.join(workdir, TEST_METRICS_FILE))):
+    return 'done'
+  logging.info('%s holds a finished run (%s); nothing to train: testing its best checkpoint '
+               'again.', workdir, why)
+  return 'test'
+
+
+def _finished_note(config: ml_collections.ConfigDict, meta: dict[str, Any]) -> tuple[str, str]:
+  """(why the run of `meta` is finished under `config`, how to train it further)."""
+  done, patience = int(meta['epochs_done']), int(config.train.patience)
+  stops_early = patience != -1 and meta['es_count'] > patience
   why = (f'it stopped early after {done} epochs (val SumR did not improve for '
          f'{meta["es_count"]} epochs, more than --config.train.patience={patience})'
          if stops_early else f'it trained all {done} epochs')
@@ -156,18 +173,7 @@ def _resume_plan(config: ml_collections.ConfigDict, meta: dict[str, Any], workdi
          + (f' and --config.train.patience of {meta["es_count"]} or more, or -1' if stops_early
             else '') + ' (and --allow_config_change); for a run with other settings use a new '
          '--workdir.')
-  untrained = [c for c in changes if not c.startswith(_TEST_ONLY_FIELDS)]
-  if untrained:
-    raise ValueError(f'{workdir} holds a finished run ({why}), so these changes would train '
-                     f'nothing: {"; ".join(untrained)}. {how}')
-  test_file = os.path.join(workdir, TEST_METRICS_FILE)
-  if not changes and not config.train.get('plots', False) and os.path.isfile(test_file):
-    logging.warning('%s holds a finished run (%s); nothing to train, and its test metrics are '
-                    'in %s. %s', workdir, why, test_file, how)
-    return 'done'
-  logging.info('%s holds a finished run (%s); nothing to train: testing its best checkpoint '
-               'again.', workdir, why)
-  return 'test'
+  return why, how
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -184,15 +190,20 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                if latest_meta is not None else [])
     plan = (_resume_plan(config, latest_meta, workdir, changes)
             if latest_meta is not None else 'train')
-    if plan == 'done':
-      with open(os.path.join(workdir, TEST_METRICS_FILE), encoding='utf-8') as f:
-        return json.load(f)
-    writer = logs.MetricWriter(workdir, is_main)
     # Every process: the check is read-only, and one process raising alone would leave the
     # others waiting in prepare_run_data's barrier.
     data_check.check_before_run(config)
     run_data.prepare_run_data(config, workdir)
     shards = run_data.open_run_data(config, workdir)
+    if plan == 'done':  # a finished run resumed unchanged, on its own data: nothing to do
+      _check_resume_data(latest_meta, shards.identity(), workdir)
+      test_file = os.path.join(workdir, TEST_METRICS_FILE)
+      why, how = _finished_note(config, latest_meta)
+      logging.warning('%s holds a finished run (%s); nothing to train, and its test metrics are '
+                      'in %s. %s', workdir, why, test_file, how)
+      with open(test_file, encoding='utf-8') as f:
+        return json.load(f)
+    writer = logs.MetricWriter(workdir, is_main)
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)
     epoch_steps = shards.steps_per_epoch
