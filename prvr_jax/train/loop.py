@@ -198,11 +198,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if plan == 'done':  # a finished run resumed unchanged, on its own data: nothing to do
       _check_resume_data(latest_meta, shards.identity(), workdir)
       test_file = os.path.join(workdir, TEST_METRICS_FILE)
-      why, how = _finished_note(config, latest_meta)
-      logging.warning('%s holds a finished run (%s); nothing to train, and its test metrics are '
-                      'in %s. %s', workdir, why, test_file, how)
       with open(test_file, encoding='utf-8') as f:
-        return json.load(f)
+        recorded = json.load(f)
+      if recorded.get('step') == checkpoints.best.latest_step():
+        why, how = _finished_note(config, latest_meta)
+        logging.warning('%s holds a finished run (%s); nothing to train, and its test metrics '
+                        'are in %s. %s', workdir, why, test_file, how)
+        return recorded
+      logging.warning('%s is not of the best checkpoint (step %s); testing it again.',
+                      test_file, recorded.get('step'))
+      plan = 'test'
     writer = logs.MetricWriter(workdir, is_main)
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)

@@ -84,6 +84,15 @@ def test_a_finished_run_resumed_unchanged_does_nothing_and_says_so(
   assert out == json.loads(before['test_metrics.json'])
   assert 'holds a finished run (it trained all 2 epochs); nothing to train' in caplog.text
   assert {name: (workdir / name).read_bytes() for name in before} == before
+  # test_metrics.json of another step than the best checkpoint's is not taken as the result.
+  stale = {**json.loads(before['test_metrics.json']), 'step': 1, 'sumr': -1.0}
+  (workdir / 'test_metrics.json').write_text(json.dumps(stale))
+  out = train.train_and_evaluate(config, str(workdir))
+  original = json.loads(before['test_metrics.json'])
+  for key in ('step', 'params_sha256', 'config_sha256', 'data', 'num_queries'):
+    assert out[key] == original[key], key
+  assert out['sumr'] == pytest.approx(original['sumr'])  # this process has 2 devices
+  assert json.loads((workdir / 'test_metrics.json').read_text()) == out
 
 
 def test_changes_to_a_finished_run_that_train_nothing_are_refused(
