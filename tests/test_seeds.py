@@ -107,8 +107,10 @@ def test_parallel_runs_failures_and_resuming(config_path, tmp_path, monkeypatch)
   monkeypatch.setenv('FAIL_SEED', str(first))
   monkeypatch.delenv('XLA_PYTHON_CLIENT_PREALLOCATE', raising=False)
   with pytest.raises(seeds.SeedRunError, match=rf'seed {first}: train.py exited with 1; the end '
-                     rf'of {workdir}/seed_{first}.log:\n.*\ndiverged'):
+                     rf'of {workdir}/seed_{first}.log:\n.*\ndiverged') as e:
     seeds.run_seeds(config_path, [], 2, str(workdir), parallel=2, train_script=str(fake))
+  assert str(e.value).splitlines()[-1] == (
+      f'Run the same command again to resume (failed: {workdir}/seed_{first}.log).')
   assert (workdir / f'seed_{first + 1}' / 'test_metrics.json').exists()  # the other one ran
   assert not (workdir / seeds.JSON_FILE).exists()
 
