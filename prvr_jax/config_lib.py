@@ -11,7 +11,9 @@ of named variants (dotted keys), through `build_config`:
 
 from collections.abc import Callable, Mapping, Sequence
 import difflib
+import hashlib
 import importlib.util
+import json
 import math
 import os
 from typing import Any
@@ -315,6 +317,21 @@ def flat_items(config: Any, prefix: str = '') -> dict[str, Any]:
   return out
 
 
+# Fields that change nothing a run computes (where data lies, logging, checkpoint cadence):
+# a resumed run may change them freely, and `config_fingerprint` leaves them out.
+OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
+                      'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
+
+
+def config_fingerprint(config: Any) -> str:
+  """16 hex digits of the sha256 of a config (ConfigDict or mapping) but its
+  `OPERATIONAL_FIELDS`: what a result file records of the settings that produced it, the same
+  wherever the data lay."""
+  flat = {k: v for k, v in flat_items(config).items() if not k.startswith(OPERATIONAL_FIELDS)}
+  text = json.dumps(flat, sort_keys=True, default=list)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Checks the type and range of every field in one pass; raises one ValueError naming each
   bad field (as its --config flag) and what it must be."""
@@ -336,34 +353,61 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError('Invalid config:\n  ' + '\n  '.join(problems))
 
 
+def _flag_tokens(argv: Sequence[str], flag: str) -> tuple[list[tuple[int, str, str]],
+                                                         list[str]]:
+  """(`--flag` values as (index of the value, prefix before it, value), in order; the dotted
+  keys of `--flag.key` overrides) of a command line, in every spelling absl accepts: one or
+  two dashes, `=value` or the value as the next token, `--noflag.key` for a False boolean.
+  Parsing stops at `--`, as absl's does."""
+  values, keys = [], []
+  for i, item in enumerate(argv):
+    if item == '--':
+      break
+    name = item.lstrip('-')
+    if not item.startswith('-') or len(item) - len(name) > 2:
+      continue
+    dashes = item[:len(item) - len(name)]
+    if name.startswith(f'{flag}='):
+      values.append((i, f'{dashes}{flag}=', name.split('=', 1)[1]))
+    elif name == flag and i + 1 < len(argv):
+      values.append((i + 1, '', argv[i + 1]))
+    elif name.startswith((f'{flag}.', f'no{flag}.')):
+      keys.append(name.split('=', 1)[0].split('.', 1)[1])
+  return values, keys
+
+
 def check_override_flags(argv: Sequence[str], flag: str = 'config') -> None:
   """Refuses `--config.x.y=v` overrides naming no field of the `--config` file, naming the
-  flag and the nearest valid key (ml_collections would raise a bare AttributeError).
+  flag and the nearest valid key (ml_collections would raise a bare AttributeError), in every
+  spelling absl accepts (`_flag_tokens`); refuses a `--config` file that does not exist or
+  does not load, naming it.
 
-  Call before `absl.app.run` parses the flags; does nothing without a `--config=FILE` flag.
+  Call before `absl.app.run` parses the flags; does nothing without a `--config` flag.
   """
-  files_given = [a.split('=', 1)[1] for a in argv if a.startswith(f'--{flag}=')]
-  if not files_given:
+  values, keys = _flag_tokens(argv, flag)
+  if not values:
     return
-  path, _, arg = files_given[-1].partition(':')
+  given = values[-1][2]
+  path, _, arg = given.partition(':')
   if not os.path.isfile(path):
-    raise SystemExit(f'--{flag}={files_given[-1]}: no config file {path}')
+    raise SystemExit(f'--{flag}={given}: no config file {path}')
   spec = importlib.util.spec_from_file_location('_checked_config', path)
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
     known = flat_items(module.get_config(arg or None))
   except ValueError as e:  # e.g. an unknown variant
-    raise SystemExit(f'--{flag}={files_given[-1]}: {e}') from None
-  for item in argv:
-    if item.startswith(f'--{flag}.'):
-      key = item[len(flag) + 3:].split('=', 1)[0]
-      if key not in known:
-        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-        hint = f'; did you mean --{flag}.{close[0]}?' if close else (
-            f'; the config has: {", ".join(sorted({k.split(".")[0] for k in known}))}')
-        raise SystemExit(f'Unknown config key --{flag}.{key} (no field {key!r} in '
-                         f'{path}){hint}')
+    raise SystemExit(f'--{flag}={given}: {e}') from None
+  except Exception as e:  # pylint: disable=broad-except  (a broken config file)
+    raise SystemExit(f'--{flag}={given}: the config file {path} does not load '
+                     f'({type(e).__name__}: {e})') from None
+  for key in keys:
+    if key not in known:
+      close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+      hint = f'; did you mean --{flag}.{close[0]}?' if close else (
+          f'; the config has: {", ".join(sorted({k.split(".")[0] for k in known}))}')
+      raise SystemExit(f'Unknown config key --{flag}.{key} (no field {key!r} in '
+                       f'{path}){hint}')
 
 
 def shipped_config_dir() -> str | None:
@@ -390,17 +434,12 @@ def resolve_config_flag(argv: Sequence[str], flag: str = 'config') -> list[str]:
   """`argv` with `--config=NAME[:variant]` (or `--config NAME[:variant]`) that names no file
   but a shipped model config (`shipped_configs`, e.g. `gmmformer_v2:tvr`) given as that file's
   path, so that a user without a clone runs the configs of the wheel; then
-  `check_override_flags`. A file path is kept as it is; a bare name that is neither a file nor
-  a shipped config is refused, naming the flag and the shipped names. Call before
+  `check_override_flags` (any spelling: `-config`, `--config NAME`). A file path is kept as it
+  is; a bare name that is neither a file nor a shipped config is refused, naming the flag and
+  the shipped names. Call before
   `absl.app.run` parses the flags: `sys.argv[:] = config_lib.resolve_config_flag(sys.argv)`."""
   resolved = list(argv)
-  for i, item in enumerate(argv):
-    if item.startswith(f'--{flag}='):
-      at, prefix, value = i, f'--{flag}=', item.split('=', 1)[1]
-    elif item == f'--{flag}' and i + 1 < len(argv):
-      at, prefix, value = i + 1, '', argv[i + 1]
-    else:
-      continue
+  for at, prefix, value in _flag_tokens(argv, flag)[0]:
     name, colon, variant = value.partition(':')
     if os.path.isfile(name) or os.sep in name or name.endswith('.py'):
       continue

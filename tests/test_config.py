@@ -109,3 +109,45 @@ def test_an_installed_wheel_ships_its_configs_inside_the_package(tmp_path, monke
   monkeypatch.setattr(config_lib, '__file__', str(package / 'config_lib.py'))
   assert config_lib.shipped_configs() == {
       'gmmformer_v2': str(package / 'configs' / 'gmmformer_v2.py')}
+
+
+@pytest.mark.parametrize('spelling', [
+    ['--config', 'configs/gmmformer.py:tiny', '--config.train.bach_size=3'],
+    ['--config=configs/gmmformer.py:tiny', '--config.train.bach_size', '3'],
+    ['-config=configs/gmmformer.py:tiny', '-config.train.bach_size=3'],
+    ['--config=configs/gmmformer.py:tiny', '--noconfig.train.bach_size'],
+    ['-config', 'gmmformer:tiny', '--config.train.bach_size'],
+])
+def test_an_unknown_key_is_named_in_every_spelling(spelling):
+  with pytest.raises(SystemExit, match=r'Unknown config key --config.train.bach_size .*did you '
+                     r'mean --config.train.batch_size\?'):
+    config_lib.resolve_config_flag(['train.py', *spelling])
+  # After `--` absl parses no flags: neither does the check.
+  config_lib.check_override_flags(['p', '--config=configs/gmmformer.py', '--', '--config.zz=1'])
+
+
+@pytest.mark.parametrize('spelling', [['--config', 'nowhere/c.py:tiny'],
+                                      ['-config=nowhere/c.py'], ['--config=nowhere/c.py']])
+def test_a_missing_config_file_is_named(spelling):
+  with pytest.raises(SystemExit, match=r'no config file nowhere/c.py$'):
+    config_lib.resolve_config_flag(['train.py', *spelling])
+
+
+def test_a_config_file_that_does_not_load_is_named(tmp_path):
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config(arg=None):\n  return {}["model"]\n')
+  with pytest.raises(SystemExit, match=rf'the config file {broken} does not load \(KeyError'):
+    config_lib.check_override_flags(['p', f'--config={broken}'])
+
+
+@pytest.mark.parametrize('spelling, last_line', [
+    (['--config', 'configs/gmmformer.py:tiny', '-config.optim.learning_rate=1e-3'],
+     'Unknown config key --config.optim.learning_rate'),
+    (['--config', 'nowhere/c.py:tiny'], 'no config file nowhere/c.py'),
+])
+def test_cli_last_line_names_the_key_or_file(tmp_path, spelling, last_line):
+  proc = support.run_cli('train.py', *spelling, f'--workdir={tmp_path / "w"}', cache_dir=None,
+                         check=False, timeout=120)
+  assert proc.returncode != 0
+  assert last_line in proc.stderr.strip().splitlines()[-1]
+  assert 'Traceback' not in proc.stderr and not (tmp_path / 'w').exists()

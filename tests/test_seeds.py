@@ -90,8 +90,10 @@ def write(name, text):
     f.write(text)
 write('config.json', json.dumps(config))
 write('metrics.jsonl', json.dumps({'step': 3, 'split': 'val', 'epoch': 0, 'sumr': seed / 2}))
-write('test_metrics.json', json.dumps({'step': 3, 'best_epoch': 0, 'val_sumr': seed / 2,
-                                       'sumr': float(seed)}))
+test = {'step': 3, 'best_epoch': 0, 'val_sumr': seed / 2, 'sumr': float(seed)}
+if os.environ.get('DATA_JSON'):  # the data identity train.py records
+  test['data'] = json.loads(os.environ['DATA_JSON'])
+write('test_metrics.json', json.dumps(test))
 """
 
 
@@ -105,8 +107,10 @@ def test_parallel_runs_failures_and_resuming(config_path, tmp_path, monkeypatch)
   monkeypatch.setenv('FAIL_SEED', str(first))
   monkeypatch.delenv('XLA_PYTHON_CLIENT_PREALLOCATE', raising=False)
   with pytest.raises(seeds.SeedRunError, match=rf'seed {first}: train.py exited with 1; the end '
-                     rf'of {workdir}/seed_{first}.log:\n.*\ndiverged'):
+                     rf'of {workdir}/seed_{first}.log:\n.*\ndiverged') as e:
     seeds.run_seeds(config_path, [], 2, str(workdir), parallel=2, train_script=str(fake))
+  assert str(e.value).splitlines()[-1] == (
+      f'Run the same command again to resume (failed: {workdir}/seed_{first}.log).')
   assert (workdir / f'seed_{first + 1}' / 'test_metrics.json').exists()  # the other one ran
   assert not (workdir / seeds.JSON_FILE).exists()
 
@@ -171,3 +175,71 @@ def test_two_seeds_end_to_end(reference_run, config_path, tiny_data, xla_cache, 
                      r'\(optim.lr: 0.0003 -> 0.5\)'):
     seeds.run_seeds(config_path, [*overrides, '--config.optim.lr=0.5'], 2, str(tmp_path),
                     env=support.cli_env(xla_cache))
+
+
+@LOAD_MODULE
+def test_seeds_trained_on_different_data_are_refused_naming_both_and_the_flag(
+    config_path, tmp_path, monkeypatch):
+  """Seeds that record different data identities are not averaged unless --allow_mixed_data;
+  seeds.json names what produced each seed's results."""
+  fake = tmp_path / 'fake_train.py'
+  fake.write_text(FAKE_TRAIN)
+  workdir = tmp_path / 'seeds'
+  first = support.load_config(config_path).train.seed
+  monkeypatch.setenv('CONFIG_JSON', json.dumps(seeds.load_config(config_path, []).to_dict()))
+  monkeypatch.setenv('FAIL_SEED', '-1')
+  old = {'collection': 'synthetic', 'splits': {'train': 'aaaa'}}
+  monkeypatch.setenv('DATA_JSON', json.dumps(old))
+  seeds.run_seeds(config_path, [], 1, str(workdir), train_script=str(fake))
+  # The second seed trains on another release (the fake train.py cannot be checked before).
+  monkeypatch.setenv('DATA_JSON', json.dumps({**old, 'splits': {'train': 'bbbb'}}))
+  with pytest.raises(ValueError) as e:
+    seeds.run_seeds(config_path, [], 2, str(workdir), train_script=str(fake))
+  message = str(e.value)
+  assert (f'seed_{first + 1} and {workdir}/seed_{first} are of different data (splits: '
+          "{'train': 'aaaa'} -> {'train': 'bbbb'})") in message
+  assert message.splitlines()[-1].endswith('pass --allow_mixed_data to aggregate them '
+                                           'knowingly.')
+  # seeds.json still holds the one-seed summary of the first command, nothing mixed.
+  assert json.loads((workdir / seeds.JSON_FILE).read_text())['seeds'] == [first]
+  summary = seeds.run_seeds(config_path, [], 2, str(workdir), train_script=str(fake),
+                            allow_mixed_data=True)
+  assert summary['mixed_data'] is True
+  assert [summary['runs'][str(s)]['data']['splits'] for s in (first, first + 1)] == [
+      {'train': 'aaaa'}, {'train': 'bbbb'}]
+  assert summary['runs'][str(first)]['step'] == 3
+  assert '**The seeds trained on different data** (--allow_mixed_data' in (
+      workdir / seeds.MARKDOWN_FILE).read_text()
+
+
+@LOAD_MODULE
+def test_a_new_release_is_refused_before_any_seed_trains(reference_run, config_path,
+                                                         tmp_path_factory, tmp_path):
+  """A finished seed (the session's reference run) and config.data.dir pointing at another
+  release: refused before training, naming both and the flag (through the CLI: the last line);
+  the finished seed's data identity comes from its test_metrics.json or its checkpoints."""
+  from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  first = support.load_config(config_path).train.seed
+  run_dir = tmp_path / f'seed_{first}'
+  shutil.copytree(reference_run, run_dir)
+  recorded = json.loads((run_dir / 'test_metrics.json').read_text())['data']
+  other = synthetic.ensure('tiny', str(tmp_path_factory.mktemp('other')), seed=1)
+  plots = json.loads((reference_run / 'config.json').read_text())['train']['plots']
+  overrides = [f'--config.data.dir={other}', f'--config.train.plots={plots}']
+  with pytest.raises(ValueError, match=rf'config.data.dir={other} and {run_dir} are of '
+                     r"different data \(splits: .*--allow_mixed_data to aggregate them"):
+    seeds.run_seeds(config_path, overrides, 2, str(tmp_path))
+  assert not (tmp_path / f'seed_{first + 1}').exists()  # nothing trained
+  # An older test_metrics.json without the identity: the checkpoints' is compared.
+  test = json.loads((run_dir / 'test_metrics.json').read_text())
+  del test['data']
+  (run_dir / 'test_metrics.json').write_text(json.dumps(test))
+  assert seeds.recorded_data(str(run_dir)) == recorded
+  proc = support.run_cli('prvr_jax/tools/seeds.py', f'--config={config_path}', '--seeds=2',
+                         f'--workdir={tmp_path}', *overrides, cache_dir=None, check=False,
+                         timeout=300)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert f'config.data.dir={other} and {run_dir} are of different data' in last
+  assert last.endswith('--allow_mixed_data to aggregate them knowingly.')
+  assert not (tmp_path / f'seed_{first + 1}').exists()

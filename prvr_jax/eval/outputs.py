@@ -11,9 +11,11 @@ from absl import logging
 import jax
 
 from prvr_jax import checkpoint
+from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax.eval.evaluator import EvalResult
+from prvr_jax.models import registry
 
 
 METRICS_FILE = 'metrics.json'
@@ -90,6 +92,8 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
   checkpoint's workdir, else `fallback_dir`."""
   mesh = parallel.make_mesh()
   params, info = checkpoint.load_params(checkpoint_path, config, mesh)
+  # The parameters evaluated, as the checkpoint recorded them when saved (`tree_digest`).
+  info = {**info, 'params_sha256': checkpoint.tree_digest(params)}
   return dict(mesh=mesh, params=params, info=info,
               **load_split(config, split, info['workdir'] or fallback_dir, info['data'],
                            checkpoint_path, cross_dataset))
@@ -109,15 +113,30 @@ def check_output_dir(output_dir: str | None) -> None:
     raise ValueError(f'--output_dir={output_dir} is a file, not a folder.')
 
 
+def provenance(config: Any, info: Mapping[str, Any], evaluated_on: Mapping[str, Any]
+               ) -> dict[str, Any]:
+  """What an evaluation's numbers come from: `checkpoint` (its path), `checkpoint_source`,
+  `checkpoint_step` (None for an official file), `params_sha256` (None where the caller did
+  not record it), `model` and `model_config_hash` (`checkpoint.model_fingerprint`),
+  `config_sha256`, `data` (the identity of the data evaluated on) and `trained_on`."""
+  return {'checkpoint': info['path'], 'checkpoint_source': info['source'],
+          'checkpoint_step': info.get('step'), 'params_sha256': info.get('params_sha256'),
+          **checkpoint.model_fingerprint(config.model, registry.get_spec(config.model)),
+          'config_sha256': config_lib.config_fingerprint(config), 'data': evaluated_on,
+          'trained_on': info['data']}
+
+
 def finish(config: Any, result: EvalResult, output_dir: str, split: str,
            info: Mapping[str, Any], evaluated_on: Mapping[str, Any], cross: bool,
            source: str) -> None:
-  """Writes the outputs on process 0 (`write_outputs`) and logs the headline metrics."""
+  """Writes the outputs on process 0 (`write_outputs`) and logs the headline metrics.
+
+  metrics.json names what produced the numbers (`provenance`): the checkpoint (path, step,
+  sha256 of the parameters evaluated), the model fingerprint and `config_lib.config_fingerprint`
+  of the config, the data evaluated on and the data the checkpoint was trained on."""
   if jax.process_index() == 0:
-    write_outputs(output_dir, result, {
-        'split': split, 'checkpoint': info['path'], 'checkpoint_source': info['source'],
-        'model': config.model.name, 'data': evaluated_on, 'trained_on': info['data'],
-        'cross_dataset': cross})
+    write_outputs(output_dir, result, {'split': split, **provenance(config, info, evaluated_on),
+                                       'cross_dataset': cross})
   logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s',
                source, split,
                *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)

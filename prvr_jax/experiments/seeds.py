@@ -13,7 +13,9 @@ interrupted one continues where it stopped.
 standard deviation (ddof=1) over the seeds of every metric, and each seed's value. `val`: the
 validation metrics of each run's selected checkpoint (the best val SumR), from its
 `metrics.jsonl`; `test`: its `test_metrics.json`, the test split evaluated once with that
-checkpoint. See docs/seeds.md.
+checkpoint. `runs` holds per seed what produced its results (checkpoint step, parameter
+sha256, model and config fingerprints, data identity): seeds trained on different data are
+refused unless `--allow_mixed_data` (then `mixed_data: true`). See docs/seeds.md.
 """
 
 from collections.abc import Mapping, Sequence
@@ -55,6 +57,13 @@ PRIMARY_METRICS = ('r1', 'r5', 'r10', 'r100', 'sumr')
 # `val_sumr`).
 _VAL_BOOKKEEPING = ('split', 'step', 'epoch', 'best_sumr')
 _OVERRIDE = re.compile(r'^--?(no)?config\.([^=]+)')
+
+
+# What each seed's test_metrics.json records of what produced it (`prvr_jax.train.loop`),
+# carried into seeds.json per seed.
+PROVENANCE_FIELDS = ('step', 'params_sha256', 'model', 'model_config_hash', 'config_sha256',
+                     'data')
+ALLOW_MIXED_DATA_FLAG = '--allow_mixed_data'
 
 
 class SeedRunError(RuntimeError):
@@ -194,6 +203,9 @@ def format_markdown(summary: Mapping[str, Any], title: str) -> str:
   lines = [f'# {title}', '',
            f'Mean ± {STD_NOTE}, {len(seeds)} seeds; each run selected its checkpoint on the '
            'validation split only.', '']
+  if summary.get('mixed_data'):
+    lines += [f'**The seeds trained on different data** ({ALLOW_MIXED_DATA_FLAG}; seeds.json '
+              'holds each seed\'s data identity).', '']
   for split, table in summary['splits'].items():
     lines += [f'## {SPLIT_TITLES.get(split, split)}', '',
               '| metric | mean ± std | ' + ' | '.join(f'seed {s}' for s in seeds) + ' |',
@@ -226,6 +238,81 @@ def _check_finished_config(run_dir: str, config: ml_collections.ConfigDict, seed
                      f'that run (its config.json).')
 
 
+def recorded_data(run_dir: str) -> dict[str, Any] | None:
+  """The identity of the data the run in `run_dir` trained on: its test_metrics.json's
+  `data`, else (a run of an older train.py, or one not finished) the one its newest
+  checkpoint recorded; None when it records none."""
+  test_path = os.path.join(run_dir, TEST_METRICS_FILE)
+  if os.path.isfile(test_path):
+    with open(test_path, encoding='utf-8') as f:
+      data = json.load(f).get('data')
+    if data is not None:
+      return data
+  # Loads Orbax, only for runs that record their data in their checkpoints alone.
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from prvr_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  for folder, item in ((checkpoint.BEST_DIR, checkpoint.BEST_ITEM),
+                       (checkpoint.LATEST_DIR, checkpoint.LATEST_ITEM)):
+    directory = os.path.join(run_dir, folder)
+    steps = checkpoint.complete_steps(directory, item) if os.path.isdir(directory) else []
+    if steps:
+      manager = ocp.CheckpointManager(directory)
+      try:
+        meta = manager.restore(steps[-1], args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore())).meta
+      finally:
+        manager.close()
+      return dict(meta).get('data')
+  return None
+
+
+def _data_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+  return '; '.join(f'{k}: {a.get(k)!r} -> {b.get(k)!r}' for k in sorted(set(a) | set(b))
+                   if a.get(k) != b.get(k))
+
+
+def current_data(config: ml_collections.ConfigDict) -> dict[str, Any] | None:
+  """The identity of the data `config.data.dir` gives now where it can be read without
+  preparing anything (a shard folder, frame data); None otherwise (a release, prepared into
+  each seed's workdir, or the generated synthetic benchmark: compared after training)."""
+  if not config.data.dir and config.data.get('source', 'shards') != 'frames':
+    return None
+  from prvr_jax.data import run_data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  try:
+    return run_data.open_run_data(config, None).identity()
+  except (ValueError, OSError) as e:  # a release folder; or bad data, which train.py reports
+    logging.info('Data identity of config.data.dir=%s not known before training: %s',
+                 config.data.dir, e)
+    return None
+
+
+def check_same_data(identities: Mapping[str, Mapping[str, Any] | None],
+                    allow_mixed_data: bool) -> bool:
+  """Whether the runs named by `identities` (run -> recorded data identity; None: unknown)
+  trained on different data; raises naming two of them, what differs and
+  `ALLOW_MIXED_DATA_FLAG` unless `allow_mixed_data`."""
+  known = [(name, data) for name, data in identities.items() if data is not None]
+  for name, data in known[1:]:
+    if data != known[0][1]:
+      if not allow_mixed_data:
+        raise ValueError(
+            f'{name} and {known[0][0]} are of different data ({_data_changes(known[0][1], data)})'
+            ': averaging them would mix two experiments. Point --config.data.dir to the data '
+            f'the finished seeds trained on (their config.json says where it lay), use a new '
+            f'--workdir, or pass {ALLOW_MIXED_DATA_FLAG} to aggregate them knowingly.')
+      logging.warning('%s and %s are of different data (%s); aggregated '
+                      '(%s).', name, known[0][0], _data_changes(known[0][1], data),
+                      ALLOW_MIXED_DATA_FLAG)
+      return True
+  return False
+
+
+def _provenance(run_dir: str) -> dict[str, Any]:
+  with open(os.path.join(run_dir, TEST_METRICS_FILE), encoding='utf-8') as f:
+    test = json.load(f)
+  return {k: test.get(k) for k in PROVENANCE_FIELDS}
+
+
 def _run_seed(seed: int, argv: list[str], log_path: str, env: Mapping[str, str]
               ) -> str | None:
   """Runs one seed's train.py, its output appended to `log_path`; None or the failure."""
@@ -244,10 +331,17 @@ def _run_seed(seed: int, argv: list[str], log_path: str, env: Mapping[str, str]
 
 def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir: str,
               parallel: int = 1, train_script: str | None = None,
-              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+              env: Mapping[str, str] | None = None,
+              allow_mixed_data: bool = False) -> dict[str, Any]:
   """Trains `config_arg` (with `overrides`, as on train.py's command line) over `num_seeds`
   seeds in `workdir`, `parallel` train.py processes at a time, and writes seeds.json and
-  seeds.md; returns what seeds.json holds (`aggregate`'s result, the config and overrides).
+  seeds.md; returns what seeds.json holds (`aggregate`'s result, the config and overrides,
+  `runs`: per seed what produced its results (`PROVENANCE_FIELDS`), and `mixed_data`).
+
+  Seeds trained on different data are refused (`check_same_data`) unless `allow_mixed_data`:
+  the data a finished seed recorded is compared with what `config.data.dir` gives now before
+  anything trains (where that can be read without preparing, `current_data`), and every
+  seed's with the others' before aggregating.
 
   `train_script`: a train.py to run for each seed; None: `python -m TRAIN_MODULE`.
   `env` is the environment of the train.py processes (default os.environ); with
@@ -273,24 +367,35 @@ def run_seeds(config_arg: str, overrides: Sequence[str], num_seeds: int, workdir
     env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   os.makedirs(workdir, exist_ok=True)
   with files.folder_lock(workdir, LOCK_FILE, 'seeds run', '--workdir'):
-    todo = []
+    todo, finished = [], {}
     for seed in seeds:
       if os.path.isfile(os.path.join(seed_dir(workdir, seed), TEST_METRICS_FILE)):
         _check_finished_config(seed_dir(workdir, seed), config, seed)
+        finished[seed_dir(workdir, seed)] = recorded_data(seed_dir(workdir, seed))
         logging.info('seed %d: finished in %s; not run again.', seed, seed_dir(workdir, seed))
       else:
         todo.append(seed)
+    if any(data is not None for data in finished.values()):
+      now = current_data(config)
+      check_same_data({**finished, f'config.data.dir={config.data.dir}': now},
+                      allow_mixed_data)
 
     def run(seed: int) -> str | None:
       argv = child_argv(train_script, config_arg, overrides, seed, seed_dir(workdir, seed))
       return _run_seed(seed, argv, f'{seed_dir(workdir, seed)}.log', env)
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-      failures = [failure for failure in pool.map(run, todo) if failure]
-    if failures:
-      raise SeedRunError('\n\n'.join(failures) + '\n\nRun the same command again to resume.')
+      failed = [(seed, failure) for seed, failure in zip(todo, pool.map(run, todo)) if failure]
+    if failed:
+      logs = ', '.join(f'{seed_dir(workdir, seed)}.log' for seed, _ in failed)
+      raise SeedRunError('\n\n'.join(failure for _, failure in failed)
+                         + f'\n\nRun the same command again to resume (failed: {logs}).')
+    mixed = check_same_data({seed_dir(workdir, s): recorded_data(seed_dir(workdir, s))
+                             for s in seeds}, allow_mixed_data)
     summary = {'config': config_arg, 'overrides': list(overrides),
-               **aggregate({s: read_seed_results(seed_dir(workdir, s)) for s in seeds})}
+               **aggregate({s: read_seed_results(seed_dir(workdir, s)) for s in seeds}),
+               'runs': {str(s): _provenance(seed_dir(workdir, s)) for s in seeds},
+               'mixed_data': mixed}
     title = f'{config_arg} over seeds {", ".join(map(str, seeds))}'
     if overrides:
       title += f' ({" ".join(overrides)})'

@@ -10,11 +10,15 @@ split.
 
 (`python evaluate.py` in a checkout, `python -m prvr_jax.tools.evaluate`.) Writes
 `<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V groups when spans
-are known) and `<output_dir>/scores.npy` ([queries in caption-file order, videos in
-first-appearance order], float32); with `--plots` also the PNG pictures of docs/plots.md.
+are known, and what produced them: checkpoint path, step and parameter sha256, model and config
+fingerprints, data identities; `eval.outputs.provenance`) and `<output_dir>/scores.npy`
+([queries in caption-file order, videos in first-appearance order], float32); with `--plots`
+also the PNG pictures of docs/plots.md. A refusal (bad data pairing, a checkpoint that is not
+one) exits non-zero with its message, naming the file or flag at fault, as the last line.
 Multi-host flags as prvr-train.
 """
 
+import sys
 from typing import Any
 
 from absl import app
@@ -22,6 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from prvr_jax import config_lib
+from prvr_jax import files
 from prvr_jax import plots as plots_lib
 from prvr_jax import runtime
 from prvr_jax.eval import EvalResult, Evaluator, outputs
@@ -107,8 +112,12 @@ def _main(argv: list[str]) -> None:
   else:
     if args.checkpoint is None:
       raise app.UsageError('--checkpoint or --index is required.')
-    evaluate_checkpoint(args.config, args.checkpoint, args.split, args.output_dir,
-                        args.cross_dataset, plots=args.plots)
+    try:
+      evaluate_checkpoint(args.config, args.checkpoint, args.split, args.output_dir,
+                          args.cross_dataset, plots=args.plots)
+    except (ValueError, FileNotFoundError, files.FolderBusyError) as e:
+      # A refusal: its message names the file, flag or key at fault, as the last line.
+      sys.exit(f'evaluate: {e}')
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ def _main(argv: list[str]) -> None:
   try:
     seeds.run_seeds(config_flags.get_config_filename(args['config']),
                     seeds.override_tokens(sys.argv), args.seeds, args.workdir, args.parallel,
-                    args.train_script)
+                    args.train_script, allow_mixed_data=args.allow_mixed_data)
   except (seeds.SeedRunError, ValueError, OSError, files.FolderBusyError) as e:
     sys.exit(f'seeds: {e}')
   with open(os.path.join(args.workdir, seeds.MARKDOWN_FILE), encoding='utf-8') as f:
@@ -40,6 +40,9 @@ def main() -> None:
   flags.DEFINE_integer('parallel', 1, 'Training processes at a time.')
   flags.DEFINE_string('train_script', None, 'A train.py to run for each seed (default: '
                       f'python -m {seeds.TRAIN_MODULE}, the prvr-train command).')
+  flags.DEFINE_bool('allow_mixed_data', False, 'Aggregate seeds that trained on different '
+                    'data (another release in --config.data.dir; refused otherwise); seeds.json '
+                    'then records mixed_data: true.')
   flags.mark_flags_as_required(['config', 'workdir'])
   runtime.run(_main, huge_pages=False)
 

@@ -15,6 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prvr_jax import files
 from prvr_jax import runtime
 
 
@@ -41,7 +42,8 @@ def _main(argv: list[str]) -> None:
   args = flags.FLAGS
   try:
     train.train_and_evaluate(args.config, args.workdir, args.allow_config_change)
-  except train.NonFiniteLossError as e:
+  except (train.NonFiniteLossError, ValueError, FileNotFoundError, files.FolderBusyError) as e:
+    # A refusal: its message names the file, flag or key at fault, as the last line.
     logging.error('%s', e)
     sys.exit(f'train: {e}')
 

@@ -16,8 +16,16 @@
   the restored step fixes the data position and the RNG. `config.train.stop_after_steps`
   saves and stops after that global step (a time-boxed job; run again to continue).
 * A non-finite loss stops the run (`NonFiniteLossError`) before that state can be saved.
+* A finished run resumed with more epochs (`--config.train.num_epochs`, and a patience that
+  lets it go on) trains them; resumed unchanged it does nothing and says where its results
+  are; changed otherwise (but for test-only `eval.*` fields) it is refused, saying how to
+  extend it or to start a new run: config.json never records settings no epoch was trained
+  with (`_resume_plan`).
+* `test_metrics.json` records what produced it: the best checkpoint's step and parameter
+  sha256, the model fingerprint, `config_lib.config_fingerprint` and the data identity.
 """
 
+import json
 import os
 from typing import Any
 
@@ -114,6 +122,60 @@ def _check_resume_data(meta: dict[str, Any], identity: dict[str, Any], workdir: 
                      '--workdir.')
 
 
+# Fields a finished run may change and be tested again with (what the final test computes);
+# any other change to a finished run would train nothing under it and is refused.
+_TEST_ONLY_FIELDS = ('eval.', 'data.test_split')
+
+
+def _resume_plan(config: ml_collections.ConfigDict, meta: dict[str, Any], workdir: str,
+                 changes: list[str]) -> str:
+  """What resuming the run of `meta` with `config` does: 'train' (epochs are left: an
+  unfinished run, or a finished one that `config` extends), 'test' (nothing to train: test
+  the best checkpoint again) or 'done' (a finished run resumed unchanged whose test metrics
+  are there: nothing to do). Raises for a resume that would record settings no epoch was
+  trained with: fewer epochs than trained, or a finished run changed but not extended."""
+  done, num_epochs = int(meta['epochs_done']), int(config.train.num_epochs)
+  if num_epochs < done:
+    raise ValueError(
+        f'{workdir} has trained {done} epochs: --config.train.num_epochs={num_epochs} would '
+        f'record fewer epochs than were trained. Resume with --config.train.num_epochs >= '
+        f'{done}, or start a new run with a new --workdir.')
+  patience = int(config.train.patience)
+  stops_early = patience != -1 and meta['es_count'] > patience
+  if not stops_early and done < num_epochs:
+    if meta['finished']:
+      logging.warning('%s finished after %d epochs; extending it to %d epochs '
+                      '(--config.train.num_epochs).', workdir, done, num_epochs)
+    return 'train'
+  if not meta['finished']:  # ends here under the new bounds: test it
+    return 'test'
+  why, how = _finished_note(config, meta)
+  untrained = [c for c in changes if not c.startswith(_TEST_ONLY_FIELDS)]
+  if untrained:
+    raise ValueError(f'{workdir} holds a finished run ({why}), so these changes would train '
+                     f'nothing: {"; ".join(untrained)}. {how}')
+  if (not changes and not config.train.get('plots', False)
+      and os.path.isfile(os.path.join(workdir, TEST_METRICS_FILE))):
+    return 'done'
+  logging.info('%s holds a finished run (%s); nothing to train: testing its best checkpoint '
+               'again.', workdir, why)
+  return 'test'
+
+
+def _finished_note(config: ml_collections.ConfigDict, meta: dict[str, Any]) -> tuple[str, str]:
+  """(why the run of `meta` is finished under `config`, how to train it further)."""
+  done, patience = int(meta['epochs_done']), int(config.train.patience)
+  stops_early = patience != -1 and meta['es_count'] > patience
+  why = (f'it stopped early after {done} epochs (val SumR did not improve for '
+         f'{meta["es_count"]} epochs, more than --config.train.patience={patience})'
+         if stops_early else f'it trained all {done} epochs')
+  how = (f'To train more epochs, resume with --config.train.num_epochs above {done}'
+         + (f' and --config.train.patience of {meta["es_count"]} or more, or -1' if stops_early
+            else '') + ' (and --allow_config_change); for a run with other settings use a new '
+         '--workdir.')
+  return why, how
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         allow_config_change: bool) -> dict[str, Any] | None:
   is_main = jax.process_index() == 0
@@ -126,12 +188,27 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     latest_meta = checkpoints.latest_meta()
     changes = (_check_resume_config(config, latest_meta, workdir, allow_config_change)
                if latest_meta is not None else [])
-    writer = logs.MetricWriter(workdir, is_main)
+    plan = (_resume_plan(config, latest_meta, workdir, changes)
+            if latest_meta is not None else 'train')
     # Every process: the check is read-only, and one process raising alone would leave the
     # others waiting in prepare_run_data's barrier.
     data_check.check_before_run(config)
     run_data.prepare_run_data(config, workdir)
     shards = run_data.open_run_data(config, workdir)
+    if plan == 'done':  # a finished run resumed unchanged, on its own data: nothing to do
+      _check_resume_data(latest_meta, shards.identity(), workdir)
+      test_file = os.path.join(workdir, TEST_METRICS_FILE)
+      with open(test_file, encoding='utf-8') as f:
+        recorded = json.load(f)
+      if recorded.get('step') == checkpoints.best.latest_step():
+        why, how = _finished_note(config, latest_meta)
+        logging.warning('%s holds a finished run (%s); nothing to train, and its test metrics '
+                        'are in %s. %s', workdir, why, test_file, how)
+        return recorded
+      logging.warning('%s is not of the best checkpoint (step %s); testing it again.',
+                      test_file, recorded.get('step'))
+      plan = 'test'
+    writer = logs.MetricWriter(workdir, is_main)
     num_epochs = config.train.num_epochs
     train_data.check_matching_bound(config, shards)
     epoch_steps = shards.steps_per_epoch
@@ -154,6 +231,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             f'config gives {epoch_steps} (config.train.batch_size={config.train.batch_size}); '
             'resume with the original batch size and data, or use a new --workdir.')
       checkpoints.drop_best_after(meta['step'])
+      meta['finished'] = plan != 'train'  # a finished run that `config` extends reopens
       logging.info('Resuming %s in %s from step %d (%d epochs done).', spec.name, workdir,
                    meta['step'], meta['epochs_done'])
     # Only a run that is going ahead records its config: a refused resume leaves the workdir
@@ -169,7 +247,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  num_epochs)
 
     evaluator = Evaluator.from_config(config, mesh)
-    if not meta['finished']:
+    if plan == 'train':
       stopped = _train_epochs(config, spec, mesh, tx, schedule, state, meta, epoch_steps,
                               shards, evaluator, checkpoints, writer)
       if stopped is None:
@@ -185,8 +263,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       params, best_meta = best
     test_data = shards.eval_split('test')
     test = evaluator.evaluate(params, test_data)
+    # What produced these numbers: the checkpoint's step and parameters, the settings and the
+    # data (`seeds` compares them across seeds).
     out = {**test.metrics, 'step': best_meta['step'], 'best_epoch': best_meta['best_epoch'],
-           'val_sumr': best_meta['best_sumr']}
+           'val_sumr': best_meta['best_sumr'], 'params_sha256': checkpoint.tree_digest(params),
+           **checkpoint.model_fingerprint(config.model, spec),
+           'config_sha256': config_lib.config_fingerprint(config), 'data': shards.identity()}
     if is_main:
       files.write_json(os.path.join(workdir, TEST_METRICS_FILE), out)
     writer.write(meta['step'], 'test', logs.loggable(test.metrics))

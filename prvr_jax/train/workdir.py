@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any
 
+from prvr_jax import config_lib
 from prvr_jax import files
 from prvr_jax.checkpoint import BEST_DIR, CONFIG_FILE, LATEST_DIR
 from prvr_jax.config_lib import flat_items
@@ -34,8 +35,7 @@ EXACT_RESUME_FIELDS = (
 # workdir without them did: absent from a saved config, a field counts as this value.
 ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto'}
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).
-OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
-                      'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
+OPERATIONAL_FIELDS = config_lib.OPERATIONAL_FIELDS
 
 
 class WorkdirBusyError(files.FolderBusyError):

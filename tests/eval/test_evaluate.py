@@ -64,6 +64,10 @@ def test_official_checkpoint_parity_through_cli(model, tmp_path, xla_cache):
   # >= 52x (v2) (tests/fixtures/official/tiny_scores_*.npz, rtol 1e-5).
   support.assert_close(ours, official['metrics'], rtol=1e-12)
   assert metrics['checkpoint_source'] == 'official' and metrics['split'] == 'test'
+  # What produced the numbers: an official file has no step nor recorded training data.
+  assert metrics['checkpoint_step'] is None and metrics['trained_on'] is None
+  assert len(metrics['params_sha256']) == 64 and metrics['model'] == model
+  assert len(metrics['config_sha256']) == 16 and 'test' in metrics['data']['splits']
   assert 'v2t_sumr' in metrics
 
 

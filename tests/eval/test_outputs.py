@@ -64,3 +64,22 @@ def test_outputs_appear_together_or_not_at_all(tmp_path, monkeypatch):
   assert json.loads((out / 'metrics.json').read_text())['split'] == 'val'
   np.testing.assert_array_equal(np.load(out / 'scores.npy'), _result(1.0).scores)
   assert sorted(os.listdir(out)) == ['.evaluate.lock', 'metrics.json', 'scores.npy']
+
+
+def test_provenance_names_checkpoint_step_parameters_config_and_data():
+  import support  # pylint: disable=g-import-not-at-top
+  from prvr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.eval import outputs  # pylint: disable=g-import-not-at-top
+  config = support.load_config('gmmformer', 'tiny')
+  info = {'source': 'prvr_jax', 'path': '/w/best/6', 'workdir': '/w', 'step': 6,
+          'data': {'collection': 'a'}, 'params_sha256': 'f' * 64}
+  got = outputs.provenance(config, info, {'collection': 'b'})
+  assert got == {'checkpoint': '/w/best/6', 'checkpoint_source': 'prvr_jax',
+                 'checkpoint_step': 6, 'params_sha256': 'f' * 64, 'model': 'gmmformer',
+                 'model_config_hash': got['model_config_hash'],
+                 'config_sha256': config_lib.config_fingerprint(config),
+                 'data': {'collection': 'b'}, 'trained_on': {'collection': 'a'}}
+  assert len(got['model_config_hash']) == 16
+  # A source that records no step or parameter digest (an index): None, not absent.
+  index = outputs.provenance(config, {'source': 'index', 'path': '/i', 'data': None}, {})
+  assert index['checkpoint_step'] is None and index['params_sha256'] is None

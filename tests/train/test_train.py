@@ -75,6 +75,11 @@ def test_evaluate_cli_on_workdir(reference_run, config_path, tiny_data, xla_cach
   for key in ('r1', 'r5', 'r10', 'r100', 'sumr', 'v2t_sumr'):
     assert metrics[key] == test[key]
   assert metrics['checkpoint'].endswith(f'best/{test["step"]}')
+  # metrics.json names what produced it, as the run's test_metrics.json does.
+  assert metrics['checkpoint_step'] == test['step']
+  for key in ('params_sha256', 'model', 'model_config_hash', 'config_sha256', 'data'):
+    assert metrics[key] == test[key], key
+  assert metrics['trained_on'] == test['data']
   scores = np.load(out / 'scores.npy')
   index = tiny_test_index(tiny_data)
   assert scores.shape == (len(index.caption_ids), len(index.video_ids))
@@ -182,6 +187,8 @@ def test_evaluating_on_other_data_needs_cross_dataset(reference_run, config_path
   assert proc.returncode != 0
   assert 'was trained with other data than the evaluation data' in proc.stderr
   assert '--cross_dataset' in proc.stderr and not (tmp_path / 'out').exists()
+  assert '--cross_dataset' in proc.stderr.strip().splitlines()[-1]
+  assert 'Traceback' not in proc.stderr
   run_cli('evaluate.py', *args, '--cross_dataset', cache_dir=xla_cache)
   metrics = json.loads((tmp_path / 'out' / 'metrics.json').read_text())
   assert metrics['cross_dataset'] is True
