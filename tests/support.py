@@ -122,6 +122,15 @@ def has_torch() -> bool:
   return importlib.util.find_spec('torch') is not None
 
 
+# The tiny RoBERTa-layout release the data checks write (tests/data): visual and query feature
+# widths, frames per video, captions per split.
+TINY_RELEASE = (6, 5, {'v0': 3, 'v1': 5, 'v2': 4, 'v3': 2}, {
+    'train': [('v0#0', 'a man walks'), ('v0#1', 'he sits'), ('v1#0', 'a dog runs')],
+    'val': [('v2#0', 'a car'), ('v3#0', 'rain')],
+    'test': [('v2#0', 'a car'), ('v3#0', 'rain')],
+})
+
+
 # ----------------------------------------------------------------------------- configs
 
 

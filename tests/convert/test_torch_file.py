@@ -153,17 +153,23 @@ def test_a_view_declaring_more_elements_than_its_storage_is_refused(tmp_path):
       torch_file.load_torch_checkpoint(str(tmp_path / 'bomb.pt'), use_torch=use_torch)
 
 
+def _recorded_zip_reads(monkeypatch) -> list:
+  """The names of the zip records read from now on (appended as they are read)."""
+  read = []
+  original = zipfile.ZipFile.read
+  monkeypatch.setattr(zipfile.ZipFile, 'read',
+                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
+                      or original(self, name, pwd))
+  return read
+
+
 def test_a_record_inflating_beyond_its_header_is_never_inflated(tmp_path, monkeypatch):
   """A small zip whose record (declared 4 floats) inflates to 64 MiB: refused from the zip
   headers, before anything is read."""
   _write_zip(tmp_path / 'zip_bomb.pt', _tensor_pickle('FloatStorage', 'cpu', 4, 0, (4,), (1,)),
              [('0', bytes(64 << 20))], compression=zipfile.ZIP_DEFLATED)
   assert os.path.getsize(tmp_path / 'zip_bomb.pt') < (1 << 20)
-  read = []
-  original = zipfile.ZipFile.read
-  monkeypatch.setattr(zipfile.ZipFile, 'read',
-                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
-                      or original(self, name, pwd))
+  read = _recorded_zip_reads(monkeypatch)
   for use_torch in _readers():
     with pytest.raises(pickle.UnpicklingError,
                        match=r'record archive/data/0 declares 67108864 bytes, expected 16'):
@@ -229,11 +235,7 @@ def test_tensors_viewing_one_storage_over_and_over_are_refused(tmp_path, monkeyp
   names = [f'layer.{i}.weight' for i in range(80)]
   _write_zip(tmp_path / 'aliased.pt', _shared_storage_pickle(names, numel),
              [('0', np.ones(numel, np.float32).tobytes())])
-  read = []
-  original = zipfile.ZipFile.read
-  monkeypatch.setattr(zipfile.ZipFile, 'read',
-                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
-                      or original(self, name, pwd))
+  read = _recorded_zip_reads(monkeypatch)
   for use_torch in _readers():
     with pytest.raises(pickle.UnpicklingError) as error:
       torch_file.load_torch_checkpoint(str(tmp_path / 'aliased.pt'), use_torch=use_torch)
@@ -257,11 +259,7 @@ def test_storages_inflating_far_beyond_the_file_are_refused(tmp_path, monkeypatc
                                                       (numel,), (1,)),
              [('0', bytes(4 * numel))], compression=zipfile.ZIP_DEFLATED)
   assert os.path.getsize(tmp_path / 'deflated.pt') < (1 << 15)
-  read = []
-  original = zipfile.ZipFile.read
-  monkeypatch.setattr(zipfile.ZipFile, 'read',
-                      lambda self, name, pwd=None: read.append(getattr(name, 'filename', name))
-                      or original(self, name, pwd))
+  read = _recorded_zip_reads(monkeypatch)
   for use_torch in _readers():
     with pytest.raises(pickle.UnpicklingError) as error:
       torch_file.load_torch_checkpoint(str(tmp_path / 'deflated.pt'), use_torch=use_torch)

@@ -17,13 +17,7 @@ from prvr_jax.data import shard_format
 from prvr_jax.data import release
 from prvr_jax.data.catalogue import Count
 
-DV, DQ = 6, 5
-FRAMES = {'v0': 3, 'v1': 5, 'v2': 4, 'v3': 2}
-CAPTIONS = {
-    'train': [('v0#0', 'a man walks'), ('v0#1', 'he sits'), ('v1#0', 'a dog runs')],
-    'val': [('v2#0', 'a car'), ('v3#0', 'rain')],
-    'test': [('v2#0', 'a car'), ('v3#0', 'rain')],
-}
+DV, DQ, FRAMES, CAPTIONS = support.TINY_RELEASE  # widths, frames per video, captions
 COUNTS = (('train', Count(2, 3)), ('val', Count(2, 2)), ('test', Count(2, 2)))
 
 

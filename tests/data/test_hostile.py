@@ -14,13 +14,7 @@ from prvr_jax.data import check
 from prvr_jax.data import release
 from prvr_jax.data import shard_format
 
-DV, DQ = 6, 5
-FRAMES = {'v0': 3, 'v1': 5, 'v2': 4, 'v3': 2}
-CAPTIONS = {
-    'train': [('v0#0', 'a man walks'), ('v0#1', 'he sits'), ('v1#0', 'a dog runs')],
-    'val': [('v2#0', 'a car'), ('v3#0', 'rain')],
-    'test': [('v2#0', 'a car'), ('v3#0', 'rain')],
-}
+DV, DQ, FRAMES, CAPTIONS = support.TINY_RELEASE  # widths, frames per video, captions
 
 
 def _write(root):
