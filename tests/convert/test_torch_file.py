@@ -163,6 +163,16 @@ def _recorded_zip_reads(monkeypatch) -> list:
   return read
 
 
+def _refusals(path) -> list[str]:
+  """The last line of each reader's refusal of the file at `path`."""
+  lines = []
+  for use_torch in _readers():
+    with pytest.raises(pickle.UnpicklingError) as error:
+      torch_file.load_torch_checkpoint(str(path), use_torch=use_torch)
+    lines.append(str(error.value).splitlines()[-1])
+  return lines
+
+
 def test_a_record_inflating_beyond_its_header_is_never_inflated(tmp_path, monkeypatch):
   """A small zip whose record (declared 4 floats) inflates to 64 MiB: refused from the zip
   headers, before anything is read."""
@@ -236,10 +246,7 @@ def test_tensors_viewing_one_storage_over_and_over_are_refused(tmp_path, monkeyp
   _write_zip(tmp_path / 'aliased.pt', _shared_storage_pickle(names, numel),
              [('0', np.ones(numel, np.float32).tobytes())])
   read = _recorded_zip_reads(monkeypatch)
-  for use_torch in _readers():
-    with pytest.raises(pickle.UnpicklingError) as error:
-      torch_file.load_torch_checkpoint(str(tmp_path / 'aliased.pt'), use_torch=use_torch)
-    last = str(error.value).splitlines()[-1]
+  for last in _refusals(tmp_path / 'aliased.pt'):
     assert last.startswith(f'{tmp_path / "aliased.pt"}: tensor layer.2.weight [65536] of '
                            'storage record archive/data/0'), last
     assert 'view the same storage bytes' in last
@@ -260,10 +267,7 @@ def test_storages_inflating_far_beyond_the_file_are_refused(tmp_path, monkeypatc
              [('0', bytes(4 * numel))], compression=zipfile.ZIP_DEFLATED)
   assert os.path.getsize(tmp_path / 'deflated.pt') < (1 << 15)
   read = _recorded_zip_reads(monkeypatch)
-  for use_torch in _readers():
-    with pytest.raises(pickle.UnpicklingError) as error:
-      torch_file.load_torch_checkpoint(str(tmp_path / 'deflated.pt'), use_torch=use_torch)
-    last = str(error.value).splitlines()[-1]
+  for last in _refusals(tmp_path / 'deflated.pt'):
     assert last.startswith(f'{tmp_path / "deflated.pt"}: storage record archive/data/0 takes '
                            'the storages to 16777216 bytes, more than 2 x the file'), last
   assert 'archive/data/0' not in read
