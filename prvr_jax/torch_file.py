@@ -245,7 +245,7 @@ def read_torch_zip(path: str, materialize: bool = True) -> Any:
   (and `MAX_BYTES_PER_FILE_BYTE` x the file's size), every storage record holds exactly its
   declared elements, every tensor lies inside its storage, and the storages, and the tensors,
   each take at most `MAX_BYTES_PER_FILE_BYTE` x the file's size. `materialize=False` only
-  checks (tensors come back as `TensorStub`s).
+  checks (tensors come back as `TensorStub` objects).
 
   Raises `pickle.UnpicklingError` (naming the file) for anything but tensors, storages and
   plain containers or for malformed records, `ValueError` for files that are not torch zip
