@@ -17,6 +17,7 @@ on the original stdout) is `{"pids": [...]}`, then `{"returncodes": [...]}` once
 The first line the launcher writes is `{"ready": true}`.
 """
 
+import gc
 import json
 import os
 import runpy
@@ -85,6 +86,9 @@ def main() -> None:
     reply_file.write(json.dumps(message) + '\n')
     reply_file.flush()
 
+  # Objects the children inherit are never collected by them: a collection would touch (and
+  # so copy) every page of the launcher's heap in every child.
+  gc.freeze()
   reply({'ready': True})
   for line in sys.stdin:
     pids = []

@@ -663,10 +663,11 @@ def _own_manifest(out_dir: str, manifest_path: str) -> dict[str, Any] | None:
   return manifest
 
 
-def _check_out(release_dir: str, out_dir: str, manifest_path: str) -> None:
+def check_out(release_dir: str, out_dir: str) -> None:
   """Refuses an `--out` that is not ours to write into: the release itself (its root or a
   collection folder, or a folder holding it), a non-empty folder without a shard manifest,
   one with a foreign manifest."""
+  manifest_path = os.path.join(out_dir, MANIFEST)
   out, release = os.path.realpath(out_dir), os.path.realpath(release_dir)
   if (out == release or release.startswith(out.rstrip(os.sep) + os.sep)
       or os.path.isdir(os.path.join(out, 'TextData'))):  # a collection folder
@@ -707,7 +708,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
     raise ValueError(f'--workers={workers}: the number of worker processes must be positive '
                      '(or 0 on the command line for the default)')
   manifest_path = os.path.join(out_dir, MANIFEST)
-  _check_out(release_dir, out_dir, manifest_path)
+  check_out(release_dir, out_dir)
   os.makedirs(out_dir, exist_ok=True)
   with files.folder_lock(out_dir, LOCK_FILE, 'preparation of these shards', '--out'):
     release_args = _ReleaseArgs(

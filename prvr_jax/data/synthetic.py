@@ -11,6 +11,7 @@ prepared into shards (`write_shards`, `ensure`); everything is a function of (si
 text feature).
 """
 
+from collections.abc import Callable
 import dataclasses
 import json
 import logging
@@ -243,10 +244,15 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
   return out
 
 
-def write_mssl(data: dict[str, SplitData], root: str, text_feature: str = 'roberta') -> str:
+def write_mssl(data: dict[str, SplitData] | Callable[[], dict[str, SplitData]], root: str,
+               text_feature: str = 'roberta') -> str:
   """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
-  vectors for `text_feature='clip'`) with moment spans; returns the collection folder."""
+  vectors for `text_feature='clip'`) with moment spans; returns the collection folder. `data`
+  may be the function that generates it, called once the folder is known to be new (a refusal
+  then costs no generation)."""
   with release_lib.ReleaseWriter(root, COLLECTION, VISUAL_FEATURE, text_feature) as writer:
+    if callable(data):
+      data = data()
     for split in data.values():
       for video_id, frames in split.videos.items():
         writer.add_video(video_id, frames)
@@ -276,6 +282,7 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
   os.makedirs(parent, exist_ok=True)
   release_root = tempfile.mkdtemp(prefix=f'.{name}.release-', dir=parent)
   try:
+    prepare.check_out(release_root, out_dir)  # before generating
     write_mssl(generate(spec, seed), release_root, text_feature)
     prepare.prepare_shards(release_root, out_dir, collection=COLLECTION,
                            visual_feature=None if clip else VISUAL_FEATURE,

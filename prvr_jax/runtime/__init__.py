@@ -87,7 +87,8 @@ def run(main: Callable[[list[str]], None], huge_pages: bool = True,
   a shipped model config and refusing `--config.x` overrides that name no key
   (`config_lib.resolve_config_flag`). Positional arguments are refused unless `positional`
   (`main` reads a command from them). `--help` shows the flags and docstring of `main`'s module
-  whatever started it (`prvr-<name>`, `python -m`, a checkout's train.py)."""
+  whatever started it (`prvr-<name>`, `python -m`, a checkout's train.py). A flag that does not
+  parse is reported on the last line of stderr, naming the flag (`_parse_flags`)."""
   if huge_pages:
     host_memory.restart_with_huge_page_malloc()
   sys.argv[:] = config_lib.resolve_config_flag(sys.argv)
@@ -98,7 +99,18 @@ def run(main: Callable[[list[str]], None], huge_pages: bool = True,
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     main(argv)
 
-  app.run(checked_main)
+  app.run(checked_main, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's `parse_flags_with_usage` with its hint first: the last line of stderr is then the
+  error, which names the flag."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.stderr.write('Pass --helpshort or --helpfull to see help on flags.\n')
+    sys.stderr.write(f'FATAL Flags parsing error: {e}\n')
+    sys.exit(1)
 
 
 def _help_from(module_name: str) -> None:

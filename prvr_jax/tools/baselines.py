@@ -13,6 +13,7 @@ from absl import flags
 from prvr_jax import baselines
 from prvr_jax import runtime
 from prvr_jax.data import pipeline
+from prvr_jax.data import synthetic
 
 
 def _main(argv: Sequence[str]) -> None:
@@ -22,9 +23,12 @@ def _main(argv: Sequence[str]) -> None:
     raise flags.ValidationError('pass exactly one of --shards and --synthetic')
   path = fl.shards
   if fl.synthetic:
-    from prvr_jax.data import synthetic  # pylint: disable=g-import-not-at-top
     path = synthetic.ensure(fl.synthetic, fl.synthetic_dir, seed=fl.seed)
-  results = baselines.evaluate(pipeline.open_shards(path), fl.split)
+  dataset = pipeline.open_shards(path)
+  if fl.split not in dataset.splits:
+    raise flags.ValidationError(f'--split={fl.split}: {dataset.manifest_path} has the splits '
+                                f'{sorted(dataset.splits)}')
+  results = baselines.evaluate(dataset, fl.split)
   print(f'{path} [{fl.split}]  (mean-pooled ridge l2={results["mean_pooled"]["ridge_l2"]:g})')
   print(baselines.format_table(results))
 
@@ -32,7 +36,8 @@ def _main(argv: Sequence[str]) -> None:
 def main() -> None:
   """The `prvr-baselines` command."""
   flags.DEFINE_string('shards', None, 'shard folder')
-  flags.DEFINE_string('synthetic', None, 'synthetic benchmark size (generated if needed)')
+  flags.DEFINE_enum('synthetic', None, sorted(synthetic.SIZES),
+                    'synthetic benchmark size (generated if needed)')
   flags.DEFINE_string('synthetic_dir', '/tmp/prvr_jax_synthetic', 'where to generate it')
   flags.DEFINE_integer('seed', 0, 'synthetic benchmark seed')
   flags.DEFINE_string('split', 'test', 'split to evaluate')

@@ -7,6 +7,7 @@ r"""Writes the synthetic benchmark (`synthetic`): its shard folder, or its relea
 looking at it, or for running `prvr-prepare` / `prvr-check` on its release layout.
 """
 
+import functools
 import logging
 
 from absl import flags
@@ -21,7 +22,8 @@ def _main(argv: list[str]) -> None:
   fl = flags.FLAGS
   spec = synthetic.SIZES[fl.size]
   if fl.format == 'mssl':
-    path = synthetic.write_mssl(synthetic.generate(spec, fl.seed), fl.out, fl.text_feature)
+    path = synthetic.write_mssl(functools.partial(synthetic.generate, spec, fl.seed), fl.out,
+                                fl.text_feature)
     print(f'wrote the {fl.text_feature} release layout to {path} '
           f'(--config.data.dir={path} --config.data.collection={synthetic.COLLECTION} '
           f'--config.data.visual_feature={synthetic.VISUAL_FEATURE} '
