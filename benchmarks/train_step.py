@@ -77,11 +77,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax import config_lib, models, parallel, runtime, train
+from prvr_jax import checkpoint, config_lib, models, parallel, runtime, train
 from prvr_jax.runtime import host_memory, xla
 
-from common import (ROOT, compiled_flops, core_sets, load_config, machine,  # benchmarks/common.py
-                    matmul_peak_gflops, usable_cores)
+from common import (ROOT, best_seconds, compiled_flops, core_sets, load_config,  # benchmarks/common.py
+                    machine, matmul_peak_gflops, usable_cores)
 import step_profile  # benchmarks/step_profile.py
 
 # T-MASS pairs each caption with its video (a [Q, Q] similarity on the official side).
@@ -212,10 +212,22 @@ def run_ours(name: str, num_videos: int) -> dict[str, Any]:
             'program': step_profile.program_size(lowered, compiled)}
   if _PROFILE.value:
     result['profile'] = step_profile.breakdown(compiled, run)
+  result['checks_s'] = checks_seconds(holder['state'])
   result['peak_rss_mb'] = peak_rss_mb()
   result['peak_device_mb'] = peak_device_mb()
   result['xla_flags'] = os.environ.get(xla.ENV, '')
   return {**result, **malloc_settings()}
+
+
+def checks_seconds(state: Any) -> dict[str, float]:
+  """Seconds of the checks the training path adds beside its steps (docs/reliability.md): the
+  digests a checkpoint save records (the whole state and the parameters), and the finite check
+  and digest of the parameters a restore and an evaluation run."""
+  return {'save_digests': best_seconds(
+              lambda: (checkpoint.tree_digest(state), checkpoint.tree_digest(state.params)), 3),
+          'params_finite_and_digest': best_seconds(
+              lambda: (checkpoint.check_finite(state.params, 'benchmark'),
+                       checkpoint.tree_digest(state.params)), 3)}
 
 
 def official_checkout(path: str, name: str) -> str:
@@ -472,6 +484,9 @@ def main(argv):
           f'dot_general), optimised {program["fusions"]:,} fusions, {program["while_loops"]} '
           f'while loops, {program["custom_calls"]} custom calls; instructions by phase '
           f'{program["instructions_by_phase"]}', flush=True)
+    checks = ours['checks_s']
+    print('  checks: ' + ', '.join(f'{k} {1e3 * v:.0f} ms ({100 * v / ours["median_s"]:.1f}% of '
+                                   'a step)' for k, v in checks.items()), flush=True)
     if _PROFILE.value and 'profile' in ours:
       print(step_profile.format_breakdown(ours['profile']), flush=True)
   report['runs'].sort(key=lambda run: points.index((run['model'], run['videos'], run['kernels'])))
