@@ -217,16 +217,13 @@ def docs_mentioning(docs_dir: pathlib.Path, name: str) -> list[str]:
                 if p.stem == name or f'configs/{name}.py' in p.read_text(encoding='utf-8'))
 
 
-def paper_vs_code_links(docs_dir: pathlib.Path, name: str) -> list[str]:
-  """Links to docs/paper_vs_code.md: the model's own section (its title names
-  `configs/<name>.py`), else the sections shared by the GMMFormer lineage (titles naming no
-  config), then the whole page."""
+def paper_vs_code_links(docs_dir: pathlib.Path) -> list[str]:
+  """Links to the sections of docs/paper_vs_code.md (its one table names the model in each
+  row)."""
   text = (docs_dir / 'paper_vs_code.md').read_text(encoding='utf-8')
   titles = re.findall(r'^## (.+)$', text, flags=re.M)
-  sections = ([t for t in titles if f'configs/{name}.py' in t]
-              or [t for t in titles if 'configs/' not in t])
   return [f'[{t.replace("`", "")}](../guides/paper_vs_code.md#{default_slugify(t)})'
-          for t in sections] + ['[the whole page](../guides/paper_vs_code.md)']
+          for t in titles]
 
 
 @dataclasses.dataclass
@@ -306,7 +303,7 @@ def model_page(plan: ModelPlan, repo: pathlib.Path) -> str:
       lines.append('')
   docs_dir = repo / 'docs'
   lines.append('## Paper vs. code\n')
-  lines += [f'- {link}' for link in paper_vs_code_links(docs_dir, spec.name)]
+  lines += [f'- {link}' for link in paper_vs_code_links(docs_dir)]
   others = [d for d in docs_mentioning(docs_dir, spec.name) if d != 'paper_vs_code']
   if others:
     lines.append('\nMore on this model: ' + ', '.join(
