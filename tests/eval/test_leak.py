@@ -412,6 +412,8 @@ def _leaky(rank_queries, leak: str):
     ('the query\'s position in its batch scores', (check_chance, check_permutations)),
 ])
 def test_the_checks_catch_leaks(leak, checks, monkeypatch):
+  if leak == 'ties go to the ground truth' and jax.default_backend() != 'cpu':
+    pytest.skip('exact ties between a video and its copy are asserted on CPUs only')
   model = build('amdnet')
   evaluator = model.evaluator
   monkeypatch.setattr(evaluator, '_rank_queries', _leaky(evaluator._rank_queries, leak))
