@@ -19,7 +19,7 @@ import pytest
 import official_release
 import support
 from prvr_jax import convert, metrics, models, torch_file, train
-from prvr_jax.data import preprocess, release
+from prvr_jax.data import release
 from prvr_jax.models.spec import LossContext
 
 FIXTURES = support.OFFICIAL
@@ -354,7 +354,7 @@ def _multibatch_programs(config_model):
 def test_multibatch_release_scores(name, variant, multibatch_release):
   """Our release readers, preprocessing and model, with each dataset variant's config, reproduce
   the official dataset code and evaluation loop over several official batches (54 videos in
-  batches of 20, 76-82 queries in batches of 15) on the multi-batch release's test split
+  batches of 20, 82-83 queries in batches of 15) on the multi-batch release's test split
   (rows: caption-file order, columns: first appearance; tests/fixtures/README.md)."""
   config, _, params, _ = _setup(name, variant)
   official = np.load(FIXTURES / f'multibatch_{name}.npz')
