@@ -82,6 +82,8 @@ def release_digest(data: dict) -> str:
 def write(root: str, layout: str) -> tuple[str, str]:
   """Writes the release under `root` (`release.write_release`); returns (its collection
   folder, `release_digest`)."""
+  # Imported here: the fixture generator computes `release_digest` in the official code's
+  # environment, without prvr_jax.
   from prvr_jax.data import release  # pylint: disable=g-import-not-at-top
   collection, _, visual_feature, text_feature = LAYOUTS[layout]
   data = make_release(layout)
