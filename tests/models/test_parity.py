@@ -8,6 +8,7 @@ official code computed.
 
 import functools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -15,13 +16,16 @@ import numpy as np
 import optax
 import pytest
 
+import official_release
 import support
 from prvr_jax import convert, metrics, models, torch_file, train
-from prvr_jax.data import preprocess, release
+from prvr_jax.data import release
 from prvr_jax.models.spec import LossContext
 
 FIXTURES = support.OFFICIAL
 MODELS = ['gmmformer', 'gmmformer_v2', 'ms_sl', 'amdnet']
+# The dataset variants of every official config (configs/<model>.py:<variant>).
+VARIANTS = ['tvr', 'activitynet', 'charades']
 # Fixture loss names -> objective term names.
 TERMS = {'clip_nce': 'clip_nce', 'clip_trip': 'clip_triplet', 'frame_nce': 'frame_nce',
          'frame_trip': 'frame_triplet', 'qdl': 'qdl', 'om': 'om', 'nce': 'clip_nce',
@@ -80,17 +84,28 @@ def _optim_meta(meta):
 
 
 @functools.cache
-def _setup(name):
-  """(config, model, params, fixture) for one model; params come from the official checkpoint."""
-  fixture = dict(np.load(FIXTURES / f'{name}.npz'))
+def _setup(name, variant='tvr'):
+  """(config, model, params, fixture) for one model and config variant; params come from the
+  official checkpoint."""
+  fixture = _fixture(name)
   meta = _meta(fixture)
-  config = support.load_config(name, 'tvr')
+  config = support.load_config(name, variant)
   config.model.update({DIMS[k]: v for k, v in meta['dims'].items() if k in DIMS})
   config.model.update(dropout=0.0, input_dropout=0.0)
   config.loss.hard_pool_size = meta.get('hard_pool_size', config.loss.get('hard_pool_size', 1))
-  state_dict = torch_file.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
-  params = convert.torch_to_params(state_dict, name, config.model)
+  params = convert.torch_to_params(_state_dict(name), name, config.model)
   return config, models.get_model(config.model), params, fixture
+
+
+@functools.cache
+def _fixture(name):
+  return dict(np.load(FIXTURES / f'{name}.npz'))
+
+
+@functools.cache
+def _state_dict(name):
+  """The official checkpoint's tensors (read once; the variants' configs share them)."""
+  return torch_file.load_torch_checkpoint(str(FIXTURES / f'{name}_best.ckpt'))
 
 
 def _batch(fixture, prefix, config):
@@ -278,83 +293,98 @@ def test_bert_adam_steps(name):
     _close(p2[key], value, f'step-2 {key}', rtol=1e-6)
 
 
-@pytest.mark.parametrize('name', ['gmmformer', 'gmmformer_v2', 'ms_sl'])
-def test_tiny_release_scores(name):
-  """Our release readers, preprocessing and model reproduce the official dataset + validation
-  code on the tiny release test split (rows: caption-file order, columns: first appearance)."""
-  config, model, params, _ = _setup(name)
-  official = np.load(FIXTURES / f'tiny_scores_{name}.npz')
-  root = FIXTURES / 'tiny_release' / 'tiny'
-  captions = release.read_captions(str(root / 'TextData' / 'tinytest.caption.txt'))
-  video_ids = release.video_ids_in_order(captions)
-  assert [c for c, _ in captions] == list(official['cap_ids'])
-  assert video_ids == list(official['video_ids'])
+@pytest.fixture(scope='module')
+def multibatch_release(tmp_path_factory):
+  """layout -> (collection folder, digest) of the multi-batch release, written once."""
+  root = str(tmp_path_factory.mktemp('multibatch'))
+  return {layout: official_release.write(root, layout) for layout in official_release.LAYOUTS}
 
-  bigfile = release.BigFile(str(root / 'FeatureData' / 'i3d_tiny'))
-  video2frames = release.read_video2frames(str(root / 'FeatureData' / 'i3d_tiny' /
-                                               'video2frames.txt'))
+
+def _read_multibatch(folder, layout, official, config):
+  """Our release readers and preprocessing on the test split of the multi-batch release:
+  (captions [(cap_id, '')] in file order, video ids, video inputs, query inputs)."""
+  collection, _, visual_feature, text_feature = official_release.LAYOUTS[layout]
   lf, lq = config.model.max_frames, config.model.max_query_len
-  clips, frames, frame_mask = [], np.zeros((len(video_ids), lf, 48), np.float32), np.zeros(
-      (len(video_ids), lf), np.float32)
-  for i, vid in enumerate(video_ids):
-    raw = bigfile.read(video2frames[vid])
-    clips.append(preprocess.l2_normalize(preprocess.average_to_fixed_length(raw)))
-    sampled = preprocess.l2_normalize(preprocess.uniform_feature_sampling(raw))
-    frames[i, :len(sampled)], frame_mask[i, :len(sampled)] = sampled, 1
-  text = release.CaptionFeatures(str(root / 'TextData' / 'roberta_tiny_query_feat.hdf5'))
-  query_feats = np.zeros((len(captions), lq, 40), np.float32)
-  query_mask = np.zeros((len(captions), lq), np.float32)
-  for i, (cap_id, _) in enumerate(captions):
-    tokens = preprocess.truncate_tokens(preprocess.l2_normalize(text.read(cap_id)))
-    query_feats[i, :len(tokens)], query_mask[i, :len(tokens)] = tokens, 1
+  with release.Release(os.path.dirname(folder), collection, visual_feature, text_feature) as rel:
+    split = rel.split('test')
+    assert split.caption_ids == list(official['cap_ids'])
+    assert split.video_ids == list(official['video_ids'])
+    clips, frames = zip(*(split.video_features(v) for v in split.video_ids))
+    tokens = [split.caption_features(c) for c in split.caption_ids]
+  frame_feats = np.zeros((len(frames), lf, frames[0].shape[1]), np.float32)
+  frame_mask = np.zeros((len(frames), lf), np.float32)
+  for i, x in enumerate(frames):
+    frame_feats[i, :len(x)], frame_mask[i, :len(x)] = x, 1
+  query_feats = np.zeros((len(tokens), lq, tokens[0].shape[1]), np.float32)
+  query_mask = np.zeros((len(tokens), lq), np.float32)
+  for i, x in enumerate(tokens):
+    query_feats[i, :len(x)], query_mask[i, :len(x)] = x, 1
+  videos = {'clip_feats': np.stack(clips), 'frame_feats': frame_feats, 'frame_mask': frame_mask}
+  queries = {'query_feats': query_feats, 'query_mask': query_mask}
+  return [(c, '') for c in split.caption_ids], split.video_ids, videos, queries
 
-  # All 13 test videos fit in one official evaluation batch (100 videos), so v1's frame
-  # windows use that batch's maximum length, which `encode_videos` derives from the mask.
+
+_PROGRAMS = {}
+
+
+def _multibatch_programs(config_model):
+  """Jitted (encode a video batch, encode the queries and score them against the gallery's
+  batches) of a model config: variants whose model configs are equal (GMMFormer v1 and
+  AMDNet: all three; MS-SL: tvr and activitynet) reuse the compiled programs."""
+  key = config_model.to_json(sort_keys=True)
+  if key in _PROGRAMS:
+    return _PROGRAMS[key]
+  model = models.get_model(config_model)
+  encode = jax.jit(lambda params, batch: model.apply({'params': params}, batch,
+                                                     method='encode_videos'))
+
   @jax.jit
-  def scores_fn(params):
+  def scores_fn(params, gallery, queries):
     v = {'params': params}
-    videos = model.apply(v, {'clip_feats': np.stack(clips), 'frame_feats': frames,
-                             'frame_mask': frame_mask}, method='encode_videos')
-    queries = model.apply(v, {'query_feats': query_feats, 'query_mask': query_mask},
-                          method='encode_queries')
-    return model.apply(v, queries, videos, method='score')
+    gallery = jax.tree.map(lambda *x: jnp.concatenate(x), *gallery)
+    encoded = model.apply(v, queries, method='encode_queries')
+    return model.apply(v, encoded, gallery, method='score')
 
-  scores = np.asarray(scores_fn(params))
-  _assert_same_ranking(scores, official, captions, video_ids)
+  _PROGRAMS[key] = encode, scores_fn
+  return encode, scores_fn
 
 
-def _assert_same_ranking(scores, official, captions, video_ids):
-  """Scores equal to the official validation's, hence the same R@K."""
-  _close(scores, official['scores'], 'tiny release scores')
+@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('name', MODELS)
+def test_multibatch_release_scores(name, variant, multibatch_release):
+  """Our release readers, preprocessing and model, with each dataset variant's config, reproduce
+  the official dataset code and evaluation loop over several official batches (54 videos in
+  batches of 20, 82-83 queries in batches of 15) on the multi-batch release's test split
+  (rows: caption-file order, columns: first appearance; tests/fixtures/README.md)."""
+  config, _, params, _ = _setup(name, variant)
+  official = np.load(FIXTURES / f'multibatch_{name}.npz')
+  layout = 'clip' if name == 'amdnet' else 'token'
+  folder, digest = multibatch_release[layout]
+  assert digest == str(official['release_digest']), (
+      'tests/official_release.py wrote another release than the fixture was made from: '
+      f'multibatch_{name}.npz release_digest')
+  captions, video_ids, videos, queries = _read_multibatch(folder, layout, official, config)
+  # Videos are encoded in the official evaluation batches (consecutive, first-appearance order,
+  # the last one padded with empty videos): GMMFormer v1's frame windows follow each batch's
+  # longest video (128, 104, 67 frames here). Queries are encoded all at once.
+  step = official_release.OFFICIAL_VIDEO_BATCH
+  padded = -(-len(video_ids) // step) * step
+  videos = {k: np.pad(v, [(0, padded - len(v))] + [(0, 0)] * (v.ndim - 1))
+            for k, v in videos.items()}
+  encode, scores_fn = _multibatch_programs(config.model)
+  gallery = [encode(params, {k: v[i:i + step] for k, v in videos.items()})
+             for i in range(0, padded, step)]
+  scores = np.asarray(scores_fn(params, gallery, queries))[:, :len(video_ids)]
+  _assert_same_ranking(scores, official, captions, video_ids, variant)
+
+
+def _assert_same_ranking(scores, official, captions, video_ids, variant):
+  """Scores equal to the official evaluation's, hence the same R@K."""
+  _close(scores, official[f'{variant}/scores'], f'{variant} multi-batch release scores')
   query_video = np.array([video_ids.index(release.video_id_of(c)) for c, _ in captions])
   ours = metrics.retrieval_metrics(scores, query_video)
   # Equal ranks give equal metrics (percentages of counts, float64); a rank flipped by rounding
-  # at a recall boundary would fail here. For GMMFormer the score gap at every boundary
-  # exceeds the sum of the two tolerances by >= 250x (v1) and >= 52x (v2).
+  # at a recall boundary would fail here. The score gap at every boundary exceeds the sum of
+  # the two tolerances by >= 10x (tests/fixtures/README.md, per model and variant).
   support.assert_close([ours[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')],
-                       official['metrics'], rtol=1e-12)
-
-
-def test_tiny_clip_release_scores_amdnet():
-  """Our CLIP-layout reader and AMDNet reproduce the official AMDNet dataset + validation code
-  on the tiny CLIP release (rows: caption-file order, columns: first appearance)."""
-  config, model, params, _ = _setup('amdnet')
-  official = np.load(FIXTURES / 'tiny_scores_amdnet.npz')
-  with release.Release(str(FIXTURES / 'tiny_clip_release'), 'tinyclip', None, 'clip') as rel:
-    split = rel.split('test')
-    captions = [(c, '') for c in split.caption_ids]
-    assert split.caption_ids == list(official['cap_ids'])
-    assert split.video_ids == list(official['video_ids'])
-    clips = np.stack([split.video_features(v)[0] for v in split.video_ids])
-    queries = np.stack([split.caption_features(c) for c in split.caption_ids])
-
-  @jax.jit
-  def scores_fn(params):
-    v = {'params': params}
-    videos = model.apply(v, {'clip_feats': clips}, method='encode_videos')
-    encoded = model.apply(v, {'query_feats': queries,
-                              'query_mask': np.ones(queries.shape[:2], np.float32)},
-                          method='encode_queries')
-    return model.apply(v, encoded, videos, method='score')
-
-  _assert_same_ranking(np.asarray(scores_fn(params)), official, captions, split.video_ids)
+                       official[f'{variant}/metrics'], rtol=1e-12)
