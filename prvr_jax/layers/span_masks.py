@@ -19,11 +19,16 @@ WIDTH_TO_SIGMA = 1.0 / 9.0
 
 
 def span_masks(centers: jax.Array, widths: jax.Array, length: int) -> jax.Array:
-  """centers, widths `[..., K]` in [0, 1] -> masks `[..., K, length]`, each row peaking at 1."""
+  """centers, widths `[..., K]` in [0, 1] -> masks `[..., K, length]`, each row peaking at 1.
+
+  Computed as `exp(z - max z)`, the official `exp(z) / max exp(z)` without its underflow: a
+  span narrower than `MIN_WIDTH` centred between two clip positions makes every `exp(z)` zero
+  in float32, and the official mask 0 / 0 = NaN; this one is then 1 at the nearest clip.
+  """
   positions = jnp.linspace(0.0, 1.0, length, dtype=jnp.float32)
   sigma = jnp.maximum(widths, MIN_WIDTH)[..., None] * WIDTH_TO_SIGMA
-  masks = jnp.exp(-jnp.square(positions - centers[..., None]) / (2.0 * jnp.square(sigma)))
-  return masks / jnp.max(masks, axis=-1, keepdims=True)
+  logits = -jnp.square(positions - centers[..., None]) / (2.0 * jnp.square(sigma))
+  return jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
 
 
 class SpanPredictor(nn.Module):

@@ -86,6 +86,24 @@ def test_span_masks_match_the_official_formula():
   assert np.allclose(got.max(-1), 1.0)
 
 
+def test_span_masks_stay_finite_where_the_official_formula_underflows():
+  """A span narrower than the 0.01 clamp centred midway between two of 32 clip positions: every
+  official `exp` underflows in float32 (its mask is 0 / 0 = NaN); ours peaks at 1 on the two
+  nearest clips and is 0 elsewhere, as the float64 formula (its exponents are about -105, so
+  float32 rounding of the positions moves the two peaks by up to about 1e-3 of each other)."""
+  centers = np.float32([[15.5 / 31]])
+  widths = np.float32([[0.001]])
+  got = np.asarray(jax.jit(layers.span_masks, static_argnums=2)(centers, widths, 32))
+  official_exp = np.exp(-(np.linspace(0, 1, 32, dtype=np.float32) - centers[..., None]) ** 2
+                        / np.float32(2 * (0.01 / 9) ** 2))
+  assert np.all(official_exp == 0)  # in float32: the official row maximum is 0
+  expected = ref_span_masks(centers.astype(np.float64), widths, 32)
+  assert np.isfinite(got).all() and np.isclose(got.max(), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(got[0, 0, 15:17], expected[0, 0, 15:17], rtol=1e-2)
+  others = np.delete(np.arange(32), [15, 16])
+  assert np.all(got[0, 0, others] == 0) and np.all(expected[0, 0, others] < 1e-300)
+
+
 def test_span_predictor_shapes_and_spans_in_unit_square():
   x = np.random.default_rng(3).normal(size=(2, 32, 16)).astype(np.float32)
   module = layers.SpanPredictor(num_spans=4)
