@@ -32,7 +32,7 @@ paper's setting, e.g.
   python train.py --config=configs/protoprvr.py:tvr_clip_l14,table4_retrieval \
       --config.data.dir=/data/prvr/tvr --workdir=/tmp/protoprvr_tvr_l14_t4_retrieval
 
-Paper SumR on TVR, CLIP-L/14 (R@1 / R@5 / R@10 / R@100 / SumR where the paper gives them):
+Paper numbers on TVR, CLIP-L/14 (R@1 / R@5 / R@10 / R@100 / SumR where the paper gives them):
   Table 4  table4_retrieval 32.8 / 58.2 / 68.6 / 93.4 / 253.0
            table4_crecon    32.9 / 58.7 / 69.0 / 93.5 / 254.2
            table4_urecon    33.8 / 58.7 / 68.8 / 93.9 / 255.1

@@ -6,8 +6,8 @@ Parameters (`jax.eval_shape`, configs/protoprvr.py; K shares its weights, so it 
 TVR 10,424,450; ActivityNet 7,562,370; QVHighlights (SlowFast + CLIP) 9,733,762; TVR and
 ActivityNet with CLIP-L/14 features (`tvr_clip_l14`, `activitynet_clip_l14`) 6,871,682. Of
 these, the decoders used only in training (text decoder, two feature decoders) hold 4,658,690
-/ 3,278,850 / 4,264,450 / 2,884,610. Stored per video: 2 branches x 30 prototypes x 384 float32 = 92,160
-bytes (a tenth of MS-SL's 1,008,128).
+/ 3,278,850 / 4,264,450 / 2,884,610. Stored per video: 2 branches x 30 prototypes x 384
+float32 = 92,160 bytes (a tenth of MS-SL's 1,008,128).
 """
 
 from prvr_jax.models import two_branch
