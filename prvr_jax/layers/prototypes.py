@@ -7,10 +7,12 @@ positions, 0 on padding). The prototypes start from P learned vectors shared by 
 
 * `PrototypeCrossAttention` (ProtoPRVR, Eq. 1): P^(k) = CA(P^(k-1); V; V), K times, one
   post-LN cross-attention block (weights shared across iterations), no interaction between
-  prototypes. As DETR's decoder treats its object queries, the learned prototypes are the
-  attention queries, added to the prototype content at every iteration; the content starts
-  at 0, so a prototype is what it drew from the video (a residual on the learned vectors
-  would make every video's prototypes nearly the same at the start of training).
+  prototypes. `update='detr'` (default): as DETR's decoder treats its object queries, the
+  learned prototypes are added to the prototype content in the attention queries at every
+  iteration; the content starts at 0, so a prototype is what it drew from the video (a
+  residual on the learned vectors would make every video's prototypes nearly the same at the
+  start of training). `update='paper'`: Eq. 1 as written, the state starts at the learned
+  prototypes (P^(0) = P) and is the block's only query input.
 * `PerceiverPrototypes` (Perceiver): the same cross-attention, then a latent transformer
   layer (self-attention between prototypes and an FFN) per iteration.
 * `SlotAttentionPrototypes` (Slot Attention): softmax over the prototypes (they compete for
@@ -26,6 +28,9 @@ import jax.numpy as jnp
 from prvr_jax.layers.attention import AttentionBlockV2, MultiHeadAttention, dense
 from prvr_jax.layers.attention import layer_norm
 
+# Where the learned prototypes enter Eq. 1 (`PrototypeCrossAttention.update`).
+UPDATES = ('detr', 'paper')
+
 # Like DETR's object queries (torch `nn.Embedding`), the prototypes start at N(0, 1): a small
 # init would give every prototype the same uniform attention at the start.
 prototype_init = nn.initializers.normal(stddev=1.0)
@@ -38,7 +43,8 @@ def _initial_prototypes(module: nn.Module, batch: int, width: int) -> jax.Array:
 
 class _PrototypeQueriedAttention(nn.Module):
   """content <- LayerNorm(content + Dropout(W_o MHA(content + prototypes, V))); also returns
-  the head-averaged attention `[B, P, L]`."""
+  the head-averaged attention `[B, P, L]`. `prototypes` is what the queries add to the
+  content: the learned P (Eq. 1 DETR-style) or 0 (Eq. 1 as written)."""
   num_heads: int
   dropout: float
 
@@ -68,23 +74,34 @@ class PrototypeCrossAttention(nn.Module):
     dropout: dropout on the attention probabilities and the block output.
     latent_transformer: after each cross-attention, a latent transformer layer
       (self-attention between the prototypes + 4x FFN): `PerceiverPrototypes`.
+    update: where the learned prototypes P enter Eq. 1 (`UPDATES`): 'detr', content from 0
+      with P added to the attention queries at every iteration, P^(k) = LN(P^(k-1) +
+      CA(P^(k-1) + P; V)), P^(0) = 0; or 'paper', P^(k) = LN(P^(k-1) + CA(P^(k-1); V)),
+      P^(0) = P. The same parameters either way.
   """
   num_prototypes: int = 30
   num_heads: int = 4
   iterations: int = 1
   dropout: float = 0.0
   latent_transformer: bool = False
+  update: str = 'detr'
 
   @nn.compact
   def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
                deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
+    if self.update not in UPDATES:
+      raise ValueError(f'{type(self).__name__}.update={self.update!r}: expected one of '
+                       f'{list(UPDATES)}')
     prototypes = _initial_prototypes(self, feats.shape[0], feats.shape[-1])
     cross = _PrototypeQueriedAttention(self.num_heads, self.dropout, name='cross_attention')
     latent = (AttentionBlockV2(self.num_heads, self.dropout, name='latent_transformer')
               if self.latent_transformer else None)
-    content = jnp.zeros_like(prototypes)
+    if self.update == 'paper':  # the state is the prototypes; nothing is added to the queries
+      content, queries = prototypes, jnp.zeros_like(prototypes)
+    else:
+      content, queries = jnp.zeros_like(prototypes), prototypes
     for _ in range(self.iterations):
-      content, attention = cross(content, prototypes, feats, mask, deterministic)
+      content, attention = cross(content, queries, feats, mask, deterministic)
       if latent is not None:
         content = latent(content, deterministic=deterministic)
     return content, attention

@@ -1,6 +1,8 @@
-"""ProtoPRVR: the prototype generators, each loss against a hand-computed value, the video
-mixing targets, padding invariance, stored bytes, and every ablation config of Tables 4-6
-(builds, trains a step, changes what it claims)."""
+"""ProtoPRVR: the prototype generators (Eq. 1 in both forms against a numpy reference), each
+loss against a hand-computed value, the video mixing targets, padding invariance, stored
+bytes, the fusion weights, every ablation config of Tables 4-6 (builds, trains a step,
+changes what it claims) and the paper's CLIP-L/14 setting (every variant and ablation
+validates and builds at its dims)."""
 
 import functools
 import math
@@ -10,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prvr_jax import layers, losses, models
+from prvr_jax import config_lib, layers, losses, models
+from prvr_jax.layers.prototypes import UPDATES
 from prvr_jax.models.protoprvr import model as proto_model
 from prvr_jax.models.protoprvr.objective import PROTOTYPE_TERMS, guide_validity
 from prvr_jax.models.spec import LossContext
@@ -18,6 +21,7 @@ import support
 
 CONFIG = 'protoprvr'
 ABLATIONS = support.load_config_module(CONFIG).ABLATIONS
+CLIP_L14 = support.load_config_module(CONFIG).CLIP_L14
 
 
 def _small(arg='tiny'):
@@ -126,6 +130,105 @@ def test_generators_are_invariant_to_padding_and_order(kind):
                             (feats[:, order], mask[:, order])):
     support.assert_close(layer.apply(variables, other, other_mask)[0][1], prototypes[1], 1e-5,
                          scale=float(np.abs(prototypes).max()))
+
+
+def _layer_norm(x, params):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + 1e-5) * params['scale'] + params['bias']
+
+
+def _eq1_reference(params, feats, mask, iterations, num_heads, form):
+  """Eq. 1 in numpy (float64): P^(k) = CA(P^(k-1); V; V), CA one post-LN multi-head
+  cross-attention block, LN(state + W_o MHA(query = state [+ P], key = value = V)).
+  'paper': the state starts at the learned P (P^(0) = P) and is the query; 'detr': it starts
+  at 0 and P is added to the query. -> (P^(K) [B, P, D], last attention [B, P, L])."""
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+  block = p['cross_attention']
+  learned = np.broadcast_to(p['prototypes'], (feats.shape[0],) + p['prototypes'].shape)
+  state = learned if form == 'paper' else np.zeros_like(learned)
+  offset = np.zeros_like(learned) if form == 'paper' else learned
+  width = feats.shape[-1]
+  head = width // num_heads
+  proj = lambda x, name: x @ block['attention'][name]['kernel'] + block['attention'][name]['bias']
+  split = lambda x: x.reshape(x.shape[:-1] + (num_heads, head)).swapaxes(1, 2)  # [B, H, N, d]
+  keys, values = split(proj(feats, 'key')), split(proj(feats, 'value'))
+  for _ in range(iterations):
+    queries = split(proj(state + offset, 'query'))
+    logits = queries @ keys.swapaxes(-1, -2) / math.sqrt(head)
+    logits = logits + (1 - mask[:, None, None, :]) * -10000.0
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    attended = (probs @ values).swapaxes(1, 2).reshape(state.shape)
+    update = attended @ block['output']['kernel'] + block['output']['bias']
+    state = _layer_norm(state + update, block['norm'])
+  return state, probs.mean(axis=1)
+
+
+def test_eq1_forms_against_a_numpy_reference():
+  """`update='paper'` computes Eq. 1 as written, the default its DETR-style form; both from the
+  same parameters, and they differ."""
+  rng = np.random.default_rng(3)
+  feats = rng.normal(size=(2, 7, 8)).astype(np.float32)
+  mask = np.ones((2, 7), np.float32)
+  mask[1, 4:] = 0
+  out = {}
+  layers_by_form = {form: layers.PrototypeCrossAttention(num_prototypes=3, num_heads=2,
+                                                         iterations=2, update=form)
+                    for form in UPDATES}
+  variables = layers_by_form['detr'].init(jax.random.key(0), feats, mask)
+  for form, layer in layers_by_form.items():
+    prototypes, attention = layer.apply(variables, feats, mask)
+    expected, expected_attention = _eq1_reference(variables['params'], feats, mask, 2, 2, form)
+    support.assert_close(prototypes, expected, 1e-5, scale=float(np.abs(expected).max()))
+    support.assert_close(attention, expected_attention, 1e-5)
+    out[form] = np.asarray(prototypes)
+  assert np.abs(out['paper'] - out['detr']).max() > 0.1  # the switch changes the result
+  with pytest.raises(ValueError, match=r"PrototypeCrossAttention.update='eq1'"):
+    layers.PrototypeCrossAttention(num_prototypes=3, num_heads=2, update='eq1').init(
+        jax.random.key(0), feats, mask)
+
+
+def test_model_prototype_update_switches_eq1():
+  """`model.prototype_update` reaches both branches' generators (the forms' arithmetic: the
+  numpy test above), with the same parameters; a bad value is named."""
+  config = _small()
+  spec = models.get_spec(CONFIG)
+  shapes = {}
+  for form in UPDATES:
+    config.model.prototype_update = form
+    shapes[form] = jax.tree.map(np.shape, spec.param_shapes(config.model))
+    bound = spec.build(config.model).bind({})
+    assert (bound.clip_prototypes.update, bound.frame_prototypes.update) == (form, form)
+  assert shapes['paper'] == shapes['detr']
+  config.model.prototype_update = 'eq1'
+  with pytest.raises(ValueError, match=r"model.prototype_update='eq1'"):
+    spec.param_shapes(config.model)
+
+
+def test_fusion_weights_are_the_config_fields():
+  """S = clip_score_weight * S_c + frame_score_weight * S_f (default 0.7 / 0.3 everywhere)."""
+  for variant in ('tvr', 'activitynet', 'qvhighlights', *CLIP_L14):
+    model = support.load_config(CONFIG, variant).model
+    assert (model.clip_score_weight, model.frame_score_weight) == (0.7, 0.3), variant
+  rng = np.random.default_rng(4)
+  queries = {b: rng.normal(size=(5, 16)).astype(np.float32) for b in proto_model.BRANCHES}
+  videos = {f'{b}_prototypes': rng.normal(size=(3, 4, 16)).astype(np.float32)
+            for b in proto_model.BRANCHES}
+
+  def branch(name):  # max over the prototypes of the cosine, [Q, B]
+    q = queries[name] / np.linalg.norm(queries[name], axis=-1, keepdims=True)
+    p = videos[f'{name}_prototypes']
+    p = p / np.linalg.norm(p, axis=-1, keepdims=True)
+    return np.einsum('qd,bpd->qbp', q, p).max(-1)
+
+  config = _small()
+  spec = models.get_spec(CONFIG)
+  for weights in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
+    config.model.clip_score_weight, config.model.frame_score_weight = weights
+    scores = spec.build(config.model).apply({}, queries, videos, method='score')
+    support.assert_close(scores, weights[0] * branch('clip') + weights[1] * branch('frame'),
+                         1e-5)
 
 
 def test_model_prototypes_ignore_padded_frames():
@@ -271,6 +374,46 @@ def test_every_ablation_builds_trains_a_step_and_changes_what_it_claims(ablation
                        'slot_attention': {'prototypes', 'input_norm', 'key', 'value', 'query',
                                           'slot_norm', 'mlp_norm', 'gru', 'mlp_in',
                                           'mlp_out'}}[config.model.prototype_generator]
+
+
+@pytest.mark.parametrize('variant', sorted(CLIP_L14))
+def test_clip_l14_variants_are_the_papers_ablation_setting(variant):
+  """Table 8 with CLIP-L/14 on the base dataset's recipe: 768-d inputs, K = 1, lambda_ortho
+  0.01; every ablation over it validates and keeps those; the model builds at those dims
+  (abstract evaluation only) for each prototype generator."""
+  config = support.load_config(CONFIG, variant)
+  base = support.load_config(CONFIG, CLIP_L14[variant])
+  config_lib.validate(config)
+  assert config.variant == variant
+  assert (config.model.visual_dim, config.model.query_dim) == (768, 768)
+  assert (config.model.prototype_iterations, config.loss.ortho) == (1, 0.01)
+  assert (config.data.collection, config.data.visual_feature, config.data.text_feature) == (
+      base.data.collection, 'clip_vit_l14', 'clip_text')
+  changed = {k for k, v in config_lib.flat_items(config).items()
+             if config_lib.flat_items(base)[k] != v}
+  assert changed <= {'variant', 'model.visual_dim', 'model.query_dim',
+                     'model.prototype_iterations', 'loss.ortho', 'data.visual_feature',
+                     'data.text_feature'}
+  spec = models.get_spec(CONFIG)
+  generators = {}
+  for ablation, overrides in ABLATIONS.items():
+    ablated = support.load_config(CONFIG, f'{variant},{ablation}')
+    config_lib.validate(ablated)
+    expected = config.copy_and_resolve_references()
+    config_lib.apply_overrides(expected, overrides)
+    assert ablated.to_dict() == expected.to_dict(), ablation
+    generators.setdefault(ablated.model.prototype_generator, ablated)
+  assert set(generators) == set(layers.GENERATORS)
+  if variant != 'tvr_clip_l14':  # Tables 4-6 ran on TVR: there every generator is built
+    generators = {'cross_attention': config}
+  for generator, ablated in generators.items():
+    shapes = spec.param_shapes(ablated.model)
+    for encoder in ('query', 'clip', 'frame'):
+      assert shapes[encoder]['input_proj']['dense']['kernel'].shape == (768, 384), generator
+    for decoder in ('text_decoder', 'clip_decoder', 'frame_decoder'):
+      assert shapes[decoder]['output']['kernel'].shape == (384, 768), generator
+    if generator == 'cross_attention':
+      assert models.count_params(shapes) == spec.param_counts[variant]
 
 
 def test_shared_prototypes_use_one_generator():

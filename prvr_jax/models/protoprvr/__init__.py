@@ -3,10 +3,11 @@ PRVR"): model, objective, registry entry. The authors released no code; every ch
 leaves open is listed in docs/protoprvr.md.
 
 Parameters (`jax.eval_shape`, configs/protoprvr.py; K shares its weights, so it adds none):
-TVR 10,424,450; ActivityNet 7,562,370; QVHighlights (SlowFast + CLIP) 9,733,762. Of these,
-the decoders used only in training (text decoder, two feature decoders) hold 4,658,690 /
-3,278,850 / 4,264,450. Stored per video: 2 branches x 30 prototypes x 384 float32 = 92,160
-bytes (a tenth of MS-SL's 1,008,128).
+TVR 10,424,450; ActivityNet 7,562,370; QVHighlights (SlowFast + CLIP) 9,733,762; TVR and
+ActivityNet with CLIP-L/14 features (`tvr_clip_l14`, `activitynet_clip_l14`) 6,871,682. Of
+these, the decoders used only in training (text decoder, two feature decoders) hold 4,658,690
+/ 3,278,850 / 4,264,450 / 2,884,610. Stored per video: 2 branches x 30 prototypes x 384
+float32 = 92,160 bytes (a tenth of MS-SL's 1,008,128).
 """
 
 from prvr_jax.models import two_branch
@@ -21,7 +22,8 @@ SPEC = two_branch.spec(
     # is 1 and its query and key projections get none either.
     gradient_free=(r'/attention/key/bias$', r'_decoder/weight/bias$',
                    r'^text_decoder/cross_attention/attention/(query|key)/'),
-    param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762},
+    param_counts={'tvr': 10_424_450, 'activitynet': 7_562_370, 'qvhighlights': 9_733_762,
+                  'tvr_clip_l14': 6_871_682, 'activitynet_clip_l14': 6_871_682},
     candidate_set='clip_prototypes', candidate_query='clip', relevance='relevance')
 
 __all__ = ['ProtoPRVR', 'SPEC', 'objective']

@@ -23,7 +23,7 @@ import numpy as np
 
 from prvr_jax.layers import AttentionPooling, SequenceEncoder, exhaustive_clips
 from prvr_jax.layers.multiscale import averaging_matrix
-from prvr_jax.layers.prototypes import GENERATORS
+from prvr_jax.layers.prototypes import GENERATORS, UPDATES
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
 from prvr_jax.models.spec import Batch, position_scores, real_positions
 from prvr_jax.models.two_branch import TwoBranchModel
@@ -72,6 +72,9 @@ class ProtoPRVR(TwoBranchModel):
     prototype_iterations: K.
     prototype_generator: 'cross_attention' (ProtoPRVR), 'perceiver' or 'slot_attention'
       (Table 6).
+    prototype_update: Eq. 1's form (`layers.prototypes.UPDATES`): 'detr' (the learned
+      prototypes added to the attention queries, the content starting at 0) or 'paper'
+      (P^(0) = P, the state the only query). Slot Attention always starts its slots at P.
     share_prototypes: both branches use one generator (one set of learned prototypes).
     mask_ratio: share of the query length masked for the cross-modal reconstruction (the
       count, at least 1, is round(mask_ratio * max_query_len), the same positions for every
@@ -82,6 +85,7 @@ class ProtoPRVR(TwoBranchModel):
   num_prototypes: int = 30
   prototype_iterations: int = 1
   prototype_generator: str = 'cross_attention'
+  prototype_update: str = 'detr'
   share_prototypes: bool = False
   mask_ratio: float = 0.15
 
@@ -89,6 +93,9 @@ class ProtoPRVR(TwoBranchModel):
     if self.prototype_generator not in GENERATORS:
       raise ValueError(f'model.prototype_generator={self.prototype_generator!r}: expected one '
                        f'of {sorted(GENERATORS)}')
+    if self.prototype_update not in UPDATES:
+      raise ValueError(f'model.prototype_update={self.prototype_update!r}: expected one of '
+                       f'{list(UPDATES)}')
     encoder = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, block='v1',
                    dropout=self.dropout, input_dropout=self.input_dropout)
     self.query = SequenceEncoder(max_len=self.max_query_len, **encoder)
@@ -96,9 +103,12 @@ class ProtoPRVR(TwoBranchModel):
     self.frame_query_pooling = AttentionPooling()
     self.clip = SequenceEncoder(max_len=self.max_frames, **encoder)
     self.frame = SequenceEncoder(max_len=self.max_frames, **encoder)
+    update = ({} if self.prototype_generator == 'slot_attention'
+              else {'update': self.prototype_update})
     generator = functools.partial(
         GENERATORS[self.prototype_generator], num_prototypes=self.num_prototypes,
-        num_heads=self.num_heads, iterations=self.prototype_iterations, dropout=self.dropout)
+        num_heads=self.num_heads, iterations=self.prototype_iterations, dropout=self.dropout,
+        **update)
     self.clip_prototypes = generator()
     self.frame_prototypes = self.clip_prototypes if self.share_prototypes else generator()
     self.text_decoder = MaskedTokenDecoder(self.hidden_dim, self.num_heads, self.max_query_len,
