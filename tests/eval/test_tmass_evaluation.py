@@ -67,9 +67,10 @@ def test_closed_form_reproduces_the_released_evaluation():
       support.assert_close(np.nan_to_num(ours), np.nan_to_num(expected), support.f32_rtol(8))
 
 
-def _model(num_samples=20, dim=32, frames=12):
+def _model(num_samples=20, dim=32, frames=12, noise='per_video'):
   config = support.load_config('tmass', 'tiny')
-  config.model.update(hidden_dim=dim, visual_dim=dim, query_dim=dim, num_samples=num_samples)
+  config.model.update(hidden_dim=dim, visual_dim=dim, query_dim=dim, num_samples=num_samples,
+                      noise=noise)
   spec = registry.get_spec(config.model)
   params = jax.jit(lambda key: spec.init_params(config.model, key))(jax.random.key(0))
   return config, spec.build(config.model), params
@@ -141,8 +142,9 @@ def _split(frames, texts, ground_truth, names, video_chunk, query_chunk, order):
                    [f'q{i}' for i in range(len(texts))])
 
 
-def test_a_pairs_score_is_the_same_whatever_else_is_evaluated():
-  config, _, params = _model(num_samples=8)
+@pytest.mark.parametrize('noise', stochastic_text.NOISE_MODES)
+def test_a_pairs_score_is_the_same_whatever_else_is_evaluated(noise):
+  config, _, params = _model(num_samples=8, noise=noise)
   rng = np.random.default_rng(2)
   frames = rng.normal(size=(12, 12, 32)).astype(np.float32)   # videos 8..11 are distractors
   texts = rng.normal(size=(7, 1, 32)).astype(np.float32)
