@@ -5,10 +5,12 @@ a radius computed from the query's similarities `S` to what it is compared with,
 drawn from U[0, 1) (the official default) or N(0, std^2) (the paper; LSMDC's std 3e-3).
 
 Evaluation scores a (query, video) pair by the best of `M` samples. The noise is a per-video
-bank drawn from `fold_in(key, video_key)`, so a pair's score depends on nothing but the pair,
-the key and the parameters: not on the chunking, the device count, the gallery order or the
-other queries. Scores are computed from `[Q, B, M]` contractions; the `[Q, B, M, D]` samples
-are never formed.
+bank drawn from `fold_in(key, video_key)` (`video_noise_bank`), or fresh per (query, video,
+sample) from `fold_in(fold_in(fold_in(key, video_key), query_key), m)` (`pair_noise`, the
+official code's draw), so a pair's score depends on nothing but the pair, the key and the
+parameters: not on the chunking, the device count, the gallery order or the other queries.
+Per-video scores are computed from `[Q, B, M]` contractions (`max_over_samples`); per-pair
+ones one sample at a time (`best_samples`); the `[Q, B, M, D]` samples are never formed.
 """
 
 from collections.abc import Callable, Sequence

@@ -2,6 +2,7 @@
 and the released evaluation's query/video axis mix-up, reproduced from the released code's own
 output (tests/fixtures/tmass/leak.npz), ranks differently and leaks the ground truth."""
 
+import functools
 import os
 
 import jax
@@ -183,11 +184,13 @@ RELEASE_DIR = os.path.join(os.path.dirname(__file__), '..', 'fixtures', 'tmass')
 CHECKPOINT = os.path.join(RELEASE_DIR, 'model_best.pth')
 
 
+@functools.lru_cache(maxsize=None)
 def _release():
   with np.load(os.path.join(RELEASE_DIR, 'release.npz')) as data:
     return {k: data[k] for k in data.files}
 
 
+@functools.lru_cache(maxsize=None)
 def _released_model(noise='per_pair'):
   """(config.model inferred from the checkpoint, the module, params read without torch)."""
   state_dict = torch_file.load_torch_checkpoint(CHECKPOINT, use_torch=False)
