@@ -43,7 +43,8 @@ from prvr_jax import config_lib
 
 MODEL = dict(name='tmass', hidden_dim=512, num_frames=12, num_heads=1, dropout=0.3,
              stochastic_prior='uniform01', stochastic_std=1.0, num_samples=20,
-             noise='per_video', num_clips=12, max_frames=12, max_query_len=1, backbone='', clip_weights='')
+             noise='per_video', num_clips=12, max_frames=12, max_query_len=1, backbone='',
+             clip_weights='')
 # support: alpha of L_sup (official default 0); text_ce: the deterministic L_ce (0 as coded).
 LOSS = dict(support=0.0, text_ce=0.0)
 
