@@ -302,6 +302,14 @@ def test_released_evaluation_option_runs_on_a_split_in_chunks():
 def test_released_checkpoint_errors_name_the_key_and_the_file():
   state_dict = torch_file.load_torch_checkpoint(CHECKPOINT, use_torch=False)
   config_model = convert.infer_model_config(state_dict, 'tmass')
+  # Exported back, every tensor is the file's but the three dropped names (the official code
+  # loads with strict=False; CLIP's buffers are rebuilt, the scalar is never used).
+  exported = convert.params_to_torch(convert.torch_to_params(state_dict, 'tmass', config_model),
+                                     'tmass')
+  ignored = registry.get_spec('tmass').official.ignored
+  assert set(exported) == set(state_dict) - set(ignored)
+  for name, value in exported.items():
+    np.testing.assert_array_equal(value, state_dict[name], err_msg=name)
   missing = dict(state_dict)
   del missing['pool_frames.cross_attn.q_proj.weight']
   missing['pool_frames.extra.weight'] = np.zeros(3, np.float32)
@@ -316,6 +324,6 @@ def test_released_checkpoint_errors_name_the_key_and_the_file():
   with pytest.raises(ValueError, match='unused torch keys .45.:\n    clip.text_model.'):
     convert.torch_to_params(state_dict, 'tmass', config_model, source=CHECKPOINT)
   # The official model's unused scalar and CLIP's old buffers are the only names dropped.
-  assert set(registry.get_spec('tmass').official.ignored) == {
+  assert set(ignored) == {
       'stochastic.std_branch.learnable_scalar', 'clip.text_model.embeddings.position_ids',
       'clip.vision_model.embeddings.position_ids'}
