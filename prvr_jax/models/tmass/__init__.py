@@ -1,6 +1,8 @@
 """T-MASS (Wang et al., CVPR 2024, "Text Is MASS: Modeling as Stochastic Embedding for
-Text-Video Retrieval"): model, objective, registry entry, with the evaluation of the paper's
-Eq. 10 (the released evaluation leaks the ground truth: docs/tmass.md).
+Text-Video Retrieval"): model, objective, official names (released `model_best.pth`
+checkpoints), registry entry, with the evaluation of the paper's Eq. 10; the released
+evaluation, which leaks the ground truth, is reproduced as an option (`released.py`,
+docs/tmass.md).
 
 Parameters (`jax.eval_shape`, configs/tmass.py): the head on 512-d CLIP features with 12
 frames holds 1,323,009: X-Pool pooling 1,316,352, the similarity-aware radius 6,656 and the
