@@ -416,7 +416,7 @@ def load_params(path: str, config: ml_collections.ConfigDict, mesh: Mesh
                        f'({", ".join(TORCH_SUFFIXES)}).')
     state_dict = torch_file.load_torch_checkpoint(path)
     check_finite(state_dict, path)
-    params = convert.torch_to_params(state_dict, config.model.name, config.model)
+    params = convert.torch_to_params(state_dict, config.model.name, config.model, source=path)
     return (parallel.replicate(params, mesh),
             {'source': 'official', 'path': path, 'workdir': None, 'step': None, 'data': None})
   if not os.path.exists(path):

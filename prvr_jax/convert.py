@@ -49,6 +49,15 @@ def _to_ours(array: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
   return array
 
 
+def _invert(convert: Any, array: np.ndarray, torch_shape: tuple[int, ...]) -> np.ndarray:
+  """The torch tensor `t` of shape `torch_shape` with `convert(t) == array`, for a `convert`
+  that permutes (and reshapes) its input's elements: read off where each element goes."""
+  where = np.asarray(convert(np.arange(int(np.prod(torch_shape))).reshape(torch_shape)))
+  out = np.empty(int(np.prod(torch_shape)), array.dtype)
+  out[where.reshape(-1)] = np.asarray(array).reshape(-1)
+  return out.reshape(torch_shape)
+
+
 def _to_torch(array: np.ndarray, kind: str, torch_shape: tuple[int, ...]) -> np.ndarray:
   if kind == 'transpose':
     return array.T
@@ -84,12 +93,13 @@ def infer_model_config(state_dict: dict[str, np.ndarray],
 
 
 def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
-                    config_model: Any = None) -> dict[str, Any]:
+                    config_model: Any = None, source: str | None = None) -> dict[str, Any]:
   """Official state_dict (torch names -> arrays) -> our params tree.
 
-  Every tensor is used exactly once and every shape is checked against `jax.eval_shape` of
-  our model's init for `config_model` (default: `infer_model_config`). Raises one ValueError
-  listing all missing, unused and mis-shaped keys.
+  Every tensor is used exactly once (but the format's `ignored` names) and every shape is
+  checked against `jax.eval_shape` of our model's init for `config_model` (default:
+  `infer_model_config`). Raises one ValueError listing all missing, unused and mis-shaped
+  keys, ending with `source` (the file) when given.
   """
   state_dict = torch_file.strip_module_prefix(dict(state_dict))
   if config_model is None:
@@ -118,7 +128,15 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
         missing.append(f'{name} (-> {_fmt(leaf.path)}, expected shape {want_shape})')
         continue
       used.add(name)
-      array = _to_ours(np.asarray(state_dict[name]), leaf.kind, want_shape)
+      array = np.asarray(state_dict[name])
+      if leaf.kind == 'convert':
+        if tuple(array.shape) != leaf.torch_shape:
+          misshaped.append(f'{name} {tuple(array.shape)} -> {_fmt(leaf.path)} expects torch '
+                           f'shape {leaf.torch_shape}')
+          continue
+        array = np.asarray(leaf.convert(array))
+      else:
+        array = _to_ours(array, leaf.kind, want_shape)
       if tuple(array.shape) != want_shape:
         misshaped.append(f'{name} {tuple(np.shape(state_dict[name]))} -> {_fmt(leaf.path)} '
                          f'expects {want_shape}' + (' per branch' if leaf.stacked else ''))
@@ -126,7 +144,9 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
       arrays.append(array.astype(want.dtype))
     if len(arrays) == len(leaf.names):
       flat[leaf.path] = np.stack(arrays) if leaf.stacked else arrays[0]
-  unused = [f'{k} {tuple(np.shape(v))}' for k, v in state_dict.items() if k not in used]
+  ignored = set(official_format(model_name).ignored)
+  unused = [f'{k} {tuple(np.shape(v))}' for k, v in state_dict.items()
+            if k not in used and k not in ignored]
   unmapped = [f'{_fmt(p)} {tuple(s.shape)}' for p, s in expected.items()
               if p not in {leaf.path for leaf in leaves}]
   problems = [(title, items) for title, items in (
@@ -136,7 +156,7 @@ def torch_to_params(state_dict: dict[str, np.ndarray], model_name: str,
   if problems:
     raise ValueError(f'cannot convert the state_dict to {model_name} params:\n' + '\n'.join(
         f'  {title} ({len(items)}):\n' + files.listing(items, indent='    ', line_chars=120)
-        for title, items in problems))
+        for title, items in problems) + (f'\n  in {source}' if source else ''))
   return traverse_util.unflatten_dict(flat)
 
 
@@ -156,7 +176,10 @@ def params_to_torch(params: Any, model_name: str) -> dict[str, np.ndarray]:
     parts = list(array) if leaf.stacked else [array]
     torch_shape = (1, 1) + array.shape if leaf.kind == 'reshape' else None
     for name, part in zip(leaf.names, parts, strict=True):
-      out[name] = np.ascontiguousarray(_to_torch(part, leaf.kind, torch_shape))
+      if leaf.kind == 'convert':
+        out[name] = _invert(leaf.convert, part, leaf.torch_shape)
+        continue
+      out[name] = np.array(_to_torch(part, leaf.kind, torch_shape), order='C')  # 0-d stays 0-d
   return out
 
 
@@ -208,7 +231,7 @@ def checkpoint_to_params_file(checkpoint: str, model_name: str, out: str,
   if bad:
     raise ValueError(f'{checkpoint}: {len(bad)} tensor(s) hold NaN or inf values '
                      f'(first: {short(bad[0], quote=False)}); refusing to convert them')
-  params = torch_to_params(state_dict, model_name)
+  params = torch_to_params(state_dict, model_name, source=checkpoint)
   files.write_atomic(out, lambda f: f.write(serialization.msgpack_serialize(params)))
   return params
 

@@ -47,7 +47,11 @@ _SAFETENSORS_DTYPES = {
 _OPENAI_METADATA = {'input_resolution': 'image_size', 'context_length': 'context_length',
                     'vocab_size': 'vocab_size'}
 # Buffers older transformers versions saved with the weights.
-_HF_BUFFERS = ('vision_model.embeddings.position_ids', 'text_model.embeddings.position_ids')
+HF_BUFFERS = ('vision_model.embeddings.position_ids', 'text_model.embeddings.position_ids')
+# A T-MASS checkpoint (its official `CLIPStochastic`) holds a Hugging Face `CLIPModel` under
+# this prefix, beside its head (`pool_frames.*`, `stochastic.*`).
+TMASS_CLIP_PREFIX = 'clip.'
+
 
 
 class WeightsError(ValueError):
@@ -347,7 +351,7 @@ def from_huggingface(tensors: Mapping[str, np.ndarray], config: CLIPConfig | Non
   """
   if config is None:
     config = infer_huggingface_config(tensors)
-  params = _to_params(tensors, huggingface_names(config), set(_HF_BUFFERS), config,
+  params = _to_params(tensors, huggingface_names(config), set(HF_BUFFERS), config,
                       _what('the Hugging Face CLIPModel tensors', source))
   return config, params
 
@@ -452,7 +456,8 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
   `.safetensors` (read by `read_safetensors`) and `.pt` / `.pth` / `.bin` torch files (read by
   `prvr_jax.torch_file.load_torch_checkpoint`, a state dict or a dict holding it under
   'state_dict'). The names say which mapping applies: Hugging Face `CLIPModel`
-  (`vision_model.*`, `text_model.*`) or OpenAI / open_clip (`visual.*`, ...). Every weight
+  (`vision_model.*`, `text_model.*`; or under `clip.` in a T-MASS checkpoint, whose CLIP is
+  taken and head left) or OpenAI / open_clip (`visual.*`, ...). Every weight
   must be finite (as official PRVR checkpoints must be): a NaN or inf is refused naming the
   file and the tensor, whichever reader read it. OpenAI's
   released TorchScript archives are refused (reading them means running their code): re-save
@@ -476,6 +481,11 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
     raise ValueError(f'{path}: unknown CLIP checkpoint suffix {suffix!r} (expected .safetensors, '
                      '.pt, .pth or .bin)')
   tensors = torch_file.strip_module_prefix(tensors)
+  if any(k.startswith(TMASS_CLIP_PREFIX + 'vision_model.') for k in tensors):
+    # A T-MASS checkpoint: its fine-tuned CLIP (the head is the model's, not CLIP's: read the
+    # whole model with `--checkpoint` instead).
+    tensors = {k[len(TMASS_CLIP_PREFIX):]: v for k, v in tensors.items()
+               if k.startswith(TMASS_CLIP_PREFIX)}
   if any(k.startswith(('vision_model.', 'text_model.')) for k in tensors):
     return from_huggingface(tensors, config, source=path)
   return from_torch_state_dict(tensors, config, source=path)

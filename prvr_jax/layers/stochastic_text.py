@@ -5,13 +5,15 @@ a radius computed from the query's similarities `S` to what it is compared with,
 drawn from U[0, 1) (the official default) or N(0, std^2) (the paper; LSMDC's std 3e-3).
 
 Evaluation scores a (query, video) pair by the best of `M` samples. The noise is a per-video
-bank drawn from `fold_in(key, video_key)`, so a pair's score depends on nothing but the pair,
-the key and the parameters: not on the chunking, the device count, the gallery order or the
-other queries. Scores are computed from `[Q, B, M]` contractions; the `[Q, B, M, D]` samples
-are never formed.
+bank drawn from `fold_in(key, video_key)` (`video_noise_bank`), or fresh per (query, video,
+sample) from `fold_in(fold_in(fold_in(key, video_key), query_key), m)` (`pair_noise`, the
+official code's draw), so a pair's score depends on nothing but the pair, the key and the
+parameters: not on the chunking, the device count, the gallery order or the other queries.
+Per-video scores are computed from `[Q, B, M]` contractions (`max_over_samples`); per-pair
+ones one sample at a time (`best_samples`); the `[Q, B, M, D]` samples are never formed.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -21,6 +23,9 @@ from prvr_jax import ops
 from prvr_jax.layers.common import identity_kernel
 
 PRIORS = ('uniform01', 'normal')
+# Evaluation noise: one bank per video shared by every query ('per_video', indexable), or
+# fresh noise per (query, video, sample) as the official `rand_like` draws it ('per_pair').
+NOISE_MODES = ('per_video', 'per_pair')
 
 
 def draw_noise(key: jax.Array, shape: tuple[int, ...], prior: str, std: float) -> jax.Array:
@@ -37,6 +42,72 @@ def video_noise_bank(key: jax.Array, video_keys: jax.Array, num_samples: int, di
   """`[B, M, D]` noise of each video, drawn from `fold_in(key, video_keys[b])`."""
   return jax.vmap(lambda k: draw_noise(jax.random.fold_in(key, k), (num_samples, dim), prior,
                                        std))(video_keys.astype(jnp.uint32))
+
+
+def row_keys(rows: jax.Array) -> jax.Array:
+  """`[Q]` uint32 hash of each row's bits (`[Q, ...]` ints or floats): a query's key for its
+  per-pair noise, from its input (tokens or feature), which no computation rounds."""
+  flat = rows.reshape(rows.shape[0], -1)
+  if jnp.issubdtype(flat.dtype, jnp.floating):
+    bits = jax.lax.bitcast_convert_type(flat.astype(jnp.float32), jnp.uint32)
+  else:
+    bits = flat.astype(jnp.uint32)
+  weights = (jnp.arange(flat.shape[1], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+             ) * jnp.uint32(0x9E3779B1)
+  return jnp.sum(bits * weights, axis=-1, dtype=jnp.uint32)
+
+
+def keys_as_columns(keys: jax.Array) -> jax.Array:
+  """`[Q]` uint32 -> `[Q, 4]` float32: its four bytes, exact in any float dtype (bfloat16
+  included), so a key rides along with the query's features."""
+  return jnp.stack([(keys >> shift) & 0xFF for shift in (24, 16, 8, 0)],
+                   axis=-1).astype(jnp.float32)
+
+
+def keys_from_columns(columns: jax.Array) -> jax.Array:
+  """`keys_as_columns`' inverse."""
+  parts = columns.astype(jnp.uint32)
+  return (parts[:, 0] << 24) | (parts[:, 1] << 16) | (parts[:, 2] << 8) | parts[:, 3]
+
+
+def pair_noise(key: jax.Array, query_keys: jax.Array, video_keys: jax.Array, sample: jax.Array,
+               dim: int, prior: str, std: float) -> jax.Array:
+  """`[Q, B, D]` noise of sample `sample` for every (query, video) pair, drawn from
+  `fold_in(fold_in(fold_in(key, video), query), sample)`: independent across pairs and samples,
+  as the official code's fresh `rand_like` per (text, video, trial)."""
+  def one(query_key, video_key):
+    pair_key = jax.random.fold_in(jax.random.fold_in(key, video_key), query_key)
+    return draw_noise(jax.random.fold_in(pair_key, sample), (dim,), prior, std)
+  return jax.vmap(lambda q: jax.vmap(lambda v: one(q, v))(video_keys.astype(jnp.uint32)))(
+      query_keys.astype(jnp.uint32))
+
+
+def best_samples(text: jax.Array, radius: jax.Array, targets: jax.Array,
+                 noise_of: Callable[[jax.Array], jax.Array], num_samples: int
+                 ) -> tuple[jax.Array, jax.Array]:
+  """(max_m cos(s_m, targets) `[Q, B]`, the first best sample `[Q, B, D]`), with
+  `s_m = text[q] + noise_of(m)[q, b] * radius[q, b]` built one sample at a time (the official
+  evaluation's trials: normalise, dot, argmax over trials).
+
+  Args:
+    text: `[Q, D]` deterministic query embeddings.
+    radius: `[Q, B, D]` radius of each pair.
+    targets: `[Q, B, D]` what each pair's samples are compared with.
+    noise_of: sample index (traced int32) -> its noise, broadcastable to `[Q, B, D]`.
+    num_samples: M.
+  """
+  unit = ops.l2_normalize(targets)
+
+  def step(carry, m):
+    best, chosen = carry
+    sample = text[:, None] + noise_of(m) * radius
+    cosine = jnp.sum(ops.l2_normalize(sample) * unit, axis=-1)
+    better = cosine > best
+    return (jnp.where(better, cosine, best), jnp.where(better[..., None], sample, chosen)), None
+
+  init = (jnp.full(unit.shape[:2], -jnp.inf, unit.dtype), jnp.zeros_like(radius))
+  (best, chosen), _ = jax.lax.scan(step, init, jnp.arange(num_samples))
+  return best, chosen
 
 
 class SimilarityRadius(nn.Module):

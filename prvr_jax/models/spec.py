@@ -72,9 +72,12 @@ class OfficialCheckpoint:
   Attributes:
     names: params tree (arrays or shapes) -> every leaf with its torch name(s).
     infer_config: official state_dict -> the `config.model` fields its shapes determine.
+    ignored: torch names read and dropped (tensors the official model holds but never uses,
+      buffers that are no parameters).
   """
   names: Callable[[Params], Sequence[Leaf]]
   infer_config: Callable[[Mapping[str, np.ndarray]], dict[str, Any]]
+  ignored: tuple[str, ...] = ()
 
 
 def _never(config_model: Any) -> bool:

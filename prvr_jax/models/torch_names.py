@@ -9,7 +9,7 @@ params tree, with the torch tensor name(s) it comes from. Dense kernels are torc
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -25,12 +25,16 @@ class Leaf:
   """One leaf of our params and its official tensor(s).
 
   `names` has one torch name, or K names stacked on our leading axis (`stacked`); `kind` is
-  'copy', 'transpose' (Dense kernel = weight.T) or 'reshape' (same elements, another shape).
+  'copy', 'transpose' (Dense kernel = weight.T), 'reshape' (same elements, another shape) or
+  'convert': `convert` takes the torch tensor of shape `torch_shape` to ours (a permutation
+  of its elements, as `prvr_jax.clip.weights`' converters; the export inverts it).
   """
   path: Path
   names: tuple[str, ...]
   kind: str = 'copy'
   stacked: bool = False
+  convert: Callable[[np.ndarray], np.ndarray] | None = None
+  torch_shape: tuple[int, ...] | None = None
 
 
 def dense(path: Path, name: str, bias: bool = True) -> list[Leaf]:

@@ -58,6 +58,9 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
   output_dir = output_dir or outputs.default_output_dir(info, checkpoint_path, split)
   result = Evaluator.from_config(config, loaded['mesh']).evaluate(loaded['params'],
                                                                   loaded['data'])
+  if config.eval.get('tmass_official_leak', False):  # T-MASS's released (leaky) metrics too
+    from prvr_jax.models.tmass import released  # pylint: disable=g-import-not-at-top
+    result.metrics.update(released.evaluate(config, loaded['params'], loaded['data']))
   outputs.finish(config, result, output_dir, split, info, loaded['evaluated_on'],
                  loaded['cross'], checkpoint_path)
   if plots:

@@ -18,7 +18,8 @@ from prvr_jax.layers import text_pooling
 from prvr_jax.layers.attention import folding_is_cheaper
 from prvr_jax.losses import stochastic
 from prvr_jax.models import registry
-from prvr_jax.models.tmass import TMASS
+from prvr_jax.models.spec import LossContext
+from prvr_jax.models.tmass import TMASS, objective
 from prvr_jax.models.tmass.model import frame_similarities
 import support
 
@@ -270,3 +271,67 @@ def test_end_to_end_backbone_reads_pixels_and_tokens_and_takes_clip_weights():
   with pytest.raises(ValueError, match='visual'):
     clip_weights.into_model(zeros(shapes), bad)
   assert spec.bytes_per_video(config.model) == 3 * 32 * 4 + 4
+
+
+def _objective_batch(texts, frames, order):
+  """A training batch of paired texts and frames with the videos in `order` (caption i's own
+  video sits at row `argsort(order)[i]`), as the official pairs text i with video i."""
+  n = len(texts)
+  return {'query_feats': jnp.asarray(texts)[:, None],
+          'clip_feats': jnp.asarray(frames)[np.asarray(order)],
+          'query_video': jnp.asarray(np.argsort(order)), 'query_valid': jnp.ones(n, bool),
+          'video_valid': jnp.ones(n, bool), 'video_seed': jnp.arange(n)}
+
+
+def _run_objective(monkeypatch, params, batch, noise, alpha, dim, frames):
+  """(total, terms) and gradients of the model's `objective()`, the noise fed in where the
+  training forward draws it."""
+  monkeypatch.setattr(stochastic_text, 'draw_noise',
+                      lambda key, shape, prior, std: jnp.asarray(noise).reshape(shape))
+  model = TMASS(hidden_dim=dim, num_frames=frames, dropout=0.0)
+  ctx = LossContext(loss=ml_collections.ConfigDict({'support': alpha, 'text_ce': 0.0}),
+                    epoch=jnp.int32(0), step=jnp.int32(0))
+  rngs = {'dropout': jax.random.key(0), 'sampling': jax.random.key(1)}
+  return jax.jit(jax.value_and_grad(lambda p: objective(model, p, batch, rngs, ctx),
+                                    has_aux=True))(params)
+
+
+@pytest.mark.parametrize('order', [[0, 1, 2, 3], [2, 0, 3, 1]])
+def test_objective_gives_the_official_losses(monkeypatch, order):
+  """The training path (`objective()`: radius of each caption with its own video, support
+  target, masks) on head.npz, with the batch's videos in the official order and shuffled."""
+  h = _load('head.npz')
+  sd = {k.split('/', 1)[1]: v for k, v in h.items() if k.startswith(('pool/', 'radius/'))}
+  params = _head_params(sd, '', '', h['logit_scale'])
+  batch = _objective_batch(h['text'], h['frames'], order)
+  alpha = float(h['alpha'])
+  (total, terms), _ = _run_objective(monkeypatch, params, batch, h['noise'], alpha, D, F)
+  rtol = support.f32_rtol(D, ops=8)
+  support.assert_close(terms['stochastic_ce'], h['loss_s'], rtol)
+  support.assert_close(terms['support_ce'], alpha * h['loss_sup'], rtol)
+  support.assert_close(total, h['loss_total'], rtol)
+
+
+def test_objective_gives_the_official_first_update_gradients(monkeypatch):
+  """step.npz's first update through `objective()`: the official trainer's losses and the raw
+  gradients of the T-MASS head (X-Pool, radius, logit scale) on the CLIP stand-in's features."""
+  s = _load('step.npz')
+  tree = _step_tree(s, 'before/')
+  linear = lambda x, p: x @ p['kernel'] + p['bias']
+  texts = linear(s['text_in'], tree['clip']['text_proj'])
+  frames = linear(s['frames_in'], tree['clip']['visual_proj'])
+  order = [3, 1, 0, 2]
+  batch = _objective_batch(texts, frames, order)
+  alpha = float(s['alpha'])
+  (total, terms), grads = _run_objective(monkeypatch, tree['head'], batch, s['noise'][0], alpha,
+                                         D, F)
+  rtol = support.f32_rtol(D, ops=30)
+  support.assert_close(total, s['loss_total'][0], rtol)
+  support.assert_close(terms['stochastic_ce'], s['loss_s'][0], rtol)
+  support.assert_close(terms['support_ce'], alpha * s['loss_sup'][0], rtol)
+  expected = _step_tree({k.replace('grad/', 'g/'): v for k, v in s.items()
+                         if k.startswith('grad/') or k == 'before/clip.logit_scale'}, 'g/')['head']
+  expected['logit_scale'] = s['grad/clip.logit_scale']
+  # X-Pool's key bias has an analytically zero gradient: compared at the scale of all of them.
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(expected))
+  jax.tree.map(lambda a, b: support.assert_close(a, b, rtol, scale=scale), grads, expected)

@@ -1,6 +1,8 @@
 """T-MASS (Wang et al., CVPR 2024, "Text Is MASS: Modeling as Stochastic Embedding for
-Text-Video Retrieval"): model, objective, registry entry, with the evaluation of the paper's
-Eq. 10 (the released evaluation leaks the ground truth: docs/tmass.md).
+Text-Video Retrieval"): model, objective, official names (released `model_best.pth`
+checkpoints), registry entry, with the evaluation of the paper's Eq. 10; the released
+evaluation, which leaks the ground truth, is reproduced as an option (`released.py`,
+docs/tmass.md).
 
 Parameters (`jax.eval_shape`, configs/tmass.py): the head on 512-d CLIP features with 12
 frames holds 1,323,009: X-Pool pooling 1,316,352, the similarity-aware radius 6,656 and the
@@ -9,7 +11,8 @@ logit scale 1. End to end with CLIP ViT-B/32 (`msrvtt`, `didemo`, `lsmdc`): 152,
 its seed, 24,580 bytes.
 """
 
-from prvr_jax.models.spec import ModelSpec
+from prvr_jax.models.spec import ModelSpec, OfficialCheckpoint
+from prvr_jax.models.tmass import official
 from prvr_jax.models.tmass.model import MAX_LOGIT_SCALE, TMASS, example_batch, input_keys
 from prvr_jax.models.tmass.objective import objective
 
@@ -25,8 +28,11 @@ SPEC = ModelSpec(
     # CLIP (its towers and logit scale) is the backbone group (lr 1e-6); the logit scale is
     # clamped to ln 100.
     backbone=(r'^logit_scale$', r'^(visual|text)/'), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
-    # Samples per pair at evaluation, and where CLIP's initial weights came from.
-    fingerprint_exempt=('num_samples', 'clip_weights'),
+    # Released checkpoints (`model_best.pth`: CLIP, X-Pool, radius).
+    official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config,
+                                ignored=official.IGNORED),
+    # Evaluation's samples per pair and noise, and where CLIP's initial weights came from.
+    fingerprint_exempt=('num_samples', 'noise', 'clip_weights'),
     param_counts={'msrvtt_features': 1_323_009, 'msrvtt': 152_600_321},
     # Two-stage search proposes videos by their best frame (X-Pool re-scores them).
     candidate_set='frames')
