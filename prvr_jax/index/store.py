@@ -207,6 +207,10 @@ class IndexWriter:
   def __init__(self, out_dir: str, config_model: ml_collections.ConfigDict, params: Any,
                dtype: str = 'float32', shard_videos: int = 100_000, overwrite: bool = False,
                info: Mapping[str, Any] | None = None, durable: bool = True):
+    if config_model.get('noise') == 'per_pair':
+      raise ValueError("config.model.noise='per_pair' draws evaluation noise per (query, video) "
+                       'pair, which an index of videos cannot store; build the index with '
+                       "--config.model.noise=per_video (the default)")
     if dtype not in STORAGE_DTYPES:
       raise ValueError(f'Index storage dtype {dtype!r}; expected one of {STORAGE_DTYPES}.')
     if shard_videos < 1:

@@ -32,8 +32,11 @@ EXACT_RESUME_FIELDS = (
     'data.placement',
     'train.batch_size', 'train.seed')
 # Fields added to the config after workdirs were written, with the value that does what a
-# workdir without them did: absent from a saved config, a field counts as this value.
-ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto'}
+# workdir without them did: absent from a saved config, a field of the current config counts as
+# this value.
+ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
+                'model.prototype_update': 'detr', 'model.noise': 'per_video',
+                'eval.tmass_official_leak': False}
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).
 OPERATIONAL_FIELDS = config_lib.OPERATIONAL_FIELDS
 
@@ -82,8 +85,8 @@ def read_saved_config(workdir: str) -> dict[str, Any] | None:
 def resume_config_changes(saved: Mapping[str, Any], config: Mapping[str, Any]
                           ) -> tuple[list[str], list[str]]:
   """(changes an exact resume cannot absorb, other changes), each 'key: old -> new'."""
-  old = {**ADDED_FIELDS, **flat_items(_as_json(saved))}
   new = flat_items(_as_json(config))
+  old = {**{k: v for k, v in ADDED_FIELDS.items() if k in new}, **flat_items(_as_json(saved))}
   breaking, other = [], []
   for key in sorted(set(old) | set(new)):
     if old.get(key, '<absent>') == new.get(key, '<absent>') or key.startswith(

@@ -376,3 +376,14 @@ def test_manifest_cannot_name_files_outside_the_index(gmmformer_gallery, tmp_pat
   config, params, *_ = gmmformer_gallery
   with pytest.raises(ValueError, match='Refusing to overwrite'):
     IndexWriter(index.path, config.model, params, overwrite=True)
+
+
+def test_per_pair_noise_cannot_be_indexed(tmp_path):
+  """T-MASS's official evaluation noise (per query-video pair) cannot be stored per video: the
+  writer refuses it before creating anything, naming the field."""
+  config = support.load_config('tmass', 'tiny')
+  config.model.noise = 'per_pair'
+  with pytest.raises(ValueError, match=r"config.model.noise='per_pair'.*--config.model.noise="
+                     r'per_video'):
+    IndexWriter(str(tmp_path / 'index'), config.model, params=None)
+  assert not (tmp_path / 'index').exists()

@@ -72,6 +72,20 @@ def test_fields_added_since_a_workdir_was_written_count_as_what_it_did():
       ["data.placement: 'stream' -> 'device'"], ["train.kernels: 'auto' -> 'plain'"])
 
 
+@pytest.mark.parametrize('model,added', [('protoprvr', ('model', 'prototype_update')),
+                                         ('tmass', ('model', 'noise')),
+                                         ('tmass', ('eval', 'tmass_official_leak'))])
+def test_a_models_added_field_counts_as_what_it_did_and_only_for_that_model(model, added):
+  """A field added to one model's config: its workdirs from before resume unchanged; another
+  model's workdir is not given the field."""
+  config = support.load_config(model, 'tiny')
+  saved = config.to_dict()
+  del saved[added[0]][added[1]]
+  assert workdir_lib.resume_config_changes(saved, config.to_dict()) == ([], [])
+  other = support.load_config('gmmformer', 'tiny').to_dict()
+  assert workdir_lib.resume_config_changes(other, other) == ([], [])
+
+
 def test_record_config_keeps_a_history(tmp_path):
   config = support.load_config('gmmformer', 'tiny').to_dict()
   workdir_lib.record_config(str(tmp_path), config, 0, [])
