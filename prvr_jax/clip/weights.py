@@ -53,7 +53,6 @@ HF_BUFFERS = ('vision_model.embeddings.position_ids', 'text_model.embeddings.pos
 TMASS_CLIP_PREFIX = 'clip.'
 
 
-
 class WeightsError(ValueError):
   """A checkpoint that does not match the CLIP architecture (or config) it is read into."""
 
