@@ -124,6 +124,23 @@ def test_weighted_losses_and_input_gradients_match_official():
   support.assert_close(grads[1], f['grad/tokens'], RTOL, err_msg='d/d tokens')
 
 
+def test_parameter_counts_equal_official():
+  f = _fixture()
+
+  def official(prefixes):
+    return sum(v.size for k, v in f.items() if k.startswith(tuple(f'param/{p}' for p in prefixes)))
+
+  ours = jax.tree.map(np.size, embedding_params(f, 'video'))
+  assert sum(jax.tree.leaves(ours)) == official(['pie_net_video.', 'uncertain_net_video.'])
+  x = jnp.zeros((2, 3, D))
+  init = EMBED.init(jax.random.PRNGKey(0), x[:, 0], x, eps=jnp.zeros((2, 6, D)))['params']
+  assert jax.tree.map(np.shape, init) == jax.tree.map(np.shape, embedding_params(f, 'video'))
+  scores = prob.ConfidenceWeightedScores().init(jax.random.PRNGKey(0), x, jnp.ones((2, 3)), x,
+                                                jnp.ones((2, 3)))['params']
+  assert jax.tree.map(np.shape, scores) == jax.tree.map(np.shape, confidence_params(f))
+  assert sum(np.size(v) for v in jax.tree.leaves(scores)) == official(['text_weight_fc.'])
+
+
 def test_embedding_shapes_unit_mean_and_sampled_noise():
   key = jax.random.PRNGKey(0)
   x = jax.random.normal(key, (4, 7, D))
