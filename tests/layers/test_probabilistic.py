@@ -59,7 +59,7 @@ def _forward(params_v, params_t, params_c, frames, video_mask, tokens, query_mas
              video_eps, text_eps):
   """The official `get_pred_from_raw_query`'s probabilistic part and RAL's weighted losses."""
 
-  def objective(frames, tokens):
+  def objective(params_v, params_t, frames, tokens):
     support_tokens, support_mask = prob.support_set(
         tokens, query_mask, query_video, jnp.ones(query_video.shape, bool), frames.shape[0], 26)
     support_pooled = prob.masked_mean_pool(support_tokens, support_mask)
@@ -73,7 +73,8 @@ def _forward(params_v, params_t, params_c, frames, video_mask, tokens, query_mas
                    'support_pooled': support_pooled, 'visual_pooled': visual_pooled,
                    'text': text, 'video': video, **terms}
 
-  (total, aux), grads = jax.value_and_grad(objective, (0, 1), has_aux=True)(frames, tokens)
+  (total, aux), grads = jax.value_and_grad(objective, (0, 1, 2, 3), has_aux=True)(
+      params_v, params_t, frames, tokens)
   scores = prob.ConfidenceWeightedScores(normalize=True).apply(
       {'params': params_c}, tokens, query_mask, frames, video_mask)
   scores_raw = prob.ConfidenceWeightedScores(normalize=False).apply(
@@ -120,8 +121,22 @@ def test_weighted_losses_and_input_gradients_match_official():
   support.assert_close(aux['distribution_alignment'],
                        ral.DISTRIBUTION_ALIGNMENT_WEIGHT * f['out/vib_loss'], RTOL)
   support.assert_close(total, f['out/total'], RTOL)
-  support.assert_close(grads[0], f['grad/frames'], RTOL, err_msg='d/d frames')
-  support.assert_close(grads[1], f['grad/tokens'], RTOL, err_msg='d/d tokens')
+  support.assert_close(grads[2], f['grad/frames'], RTOL, err_msg='d/d frames')
+  support.assert_close(grads[3], f['grad/tokens'], RTOL, err_msg='d/d tokens')
+
+
+@pytest.mark.parametrize('modality', ['video', 'text'])
+def test_parameter_gradients_match_official(modality):
+  _, _, grads, _, _ = _ours()
+  official = {k.removeprefix('grad/'): v for k, v in _fixture().items()
+              if k.startswith('grad/param/')}
+  expected = embedding_params(official, modality)
+  ours = grads[0] if modality == 'video' else grads[1]
+  for path, value in jax.tree_util.tree_leaves_with_path(expected):
+    got = ours
+    for key in path:
+      got = got[key.key]
+    support.assert_close(got, value, RTOL, err_msg=jax.tree_util.keystr(path))
 
 
 def test_parameter_counts_equal_official():
