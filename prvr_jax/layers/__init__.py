@@ -5,6 +5,7 @@ from prvr_jax.layers.common import AttentionPooling, InputProjection, Positional
 from prvr_jax.layers.encoders import QueryEncoder, SequenceEncoder, VideoBranch
 from prvr_jax.layers.gmm_block import AGGREGATIONS, GMMBlock
 from prvr_jax.layers.multiscale import KeyClipGuidedAttention, exhaustive_clips
+from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, ProbabilisticEmbedding
 from prvr_jax.layers.prototypes import GENERATORS, PerceiverPrototypes, PrototypeCrossAttention
 from prvr_jax.layers.prototypes import SlotAttentionPrototypes
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
@@ -13,9 +14,9 @@ from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_win
 
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling',
-    'BroadcastDecoder', 'GENERATORS', 'GMMBlock', 'InputProjection', 'KeyClipGuidedAttention',
-    'MaskedTokenDecoder', 'MultiHeadAttention', 'PerceiverPrototypes', 'PositionalEncoding',
-    'PrototypeCrossAttention', 'QueryEncoder', 'SequenceEncoder', 'SlotAttentionPrototypes',
-    'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
+    'BroadcastDecoder', 'ConfidenceWeightedScores', 'GENERATORS', 'GMMBlock', 'InputProjection',
+    'KeyClipGuidedAttention', 'MaskedTokenDecoder', 'MultiHeadAttention', 'PerceiverPrototypes',
+    'PositionalEncoding', 'ProbabilisticEmbedding', 'PrototypeCrossAttention', 'QueryEncoder',
+    'SequenceEncoder', 'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
     'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
 ]

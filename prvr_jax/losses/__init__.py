@@ -8,6 +8,7 @@
 * `moments` -- AMDNet's moment diversity and moment relevance.
 * `prototypes` -- ProtoPRVR's masked-token InfoNCE, reconstruction MSE, attention guidance and
   prototype orthogonality.
+* `ral` -- RAL's proxy matching and distribution alignment of Gaussian embeddings.
 * `stochastic` -- T-MASS's symmetric cross-entropy of pooled cosine logits, support target.
 * `masking` -- the masked reductions they are written with.
 
@@ -22,11 +23,14 @@ from prvr_jax.losses.moments import moment_diversity_loss, moment_relevance_loss
 from prvr_jax.losses.prototypes import attention_guidance_loss, masked_token_nce
 from prvr_jax.losses.prototypes import orthogonality_loss, reconstruction_mse
 from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse_loss_v2
+from prvr_jax.losses.ral import distribution_alignment_loss, proxy_matching_loss
 from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_negatives
 from prvr_jax.losses.stochastic import pooled_logits, support_targets, symmetric_cross_entropy
 
-__all__ = ['attention_guidance_loss', 'clip_nce', 'device_assignment', 'hungarian_assignment',
-           'masked_token_nce', 'moment_diversity_loss', 'moment_relevance_loss',
-           'optimal_matching_loss', 'orthogonality_loss', 'paired_nce', 'paired_triplet_loss',
-           'pooled_logits', 'query_diverse_loss_v1', 'query_diverse_loss_v2', 'reconstruction_mse',
-           'support_targets', 'symmetric_cross_entropy', 'triplet_loss', 'triplet_negatives']
+__all__ = ['attention_guidance_loss', 'clip_nce', 'device_assignment',
+           'distribution_alignment_loss', 'hungarian_assignment', 'masked_token_nce',
+           'moment_diversity_loss', 'moment_relevance_loss', 'optimal_matching_loss',
+           'orthogonality_loss', 'paired_nce', 'paired_triplet_loss', 'pooled_logits',
+           'proxy_matching_loss', 'query_diverse_loss_v1', 'query_diverse_loss_v2',
+           'reconstruction_mse', 'support_targets', 'symmetric_cross_entropy', 'triplet_loss',
+           'triplet_negatives']
