@@ -14,12 +14,10 @@ HLFormer (ICCV 2025, `lijun2005/ICCV25-HLFormer`) uses two families of hyperbolo
   `tangent_norm`, `project`, `expmap0`, `logmap0`, `dist`, `cinner`, `mid_point`. As in the
   official code, `expmap0` and `logmap0` do not scale by `k` (they are the `k = 1` maps).
 
-Every clamp and epsilon is the official one, named where it is used. Three forms differ from the
-official arithmetic only where it loses all accuracy (docs/hlformer.md, "Lorentz layers"):
-`log_map0` computes `acosh(sqrt(1 + s^2))` as `asinh(s)`; `logmap0` computes
-`acosh(a) / sqrt(a^2 - 1)` by a cancellation-free form with its series near `a = 1`; norms of
-all-zero vectors have gradient 0 (as `torch.norm`'s), not NaN. bfloat16 / float16 inputs are
-computed in float32 and the results cast back.
+Every clamp and epsilon is the official one, named where it is used. A few forms differ from
+the official arithmetic, only where it has no accuracy left (`log_map0`, `logmap0`, the
+gradient of a zero vector's norm; docs/hlformer.md, "Where ours differs"). bfloat16 / float16
+inputs are computed in float32 and the results cast back.
 
 `LorentzAttentionBlock` is the official `LorentzAttentionBlock` (model_components.py); its
 parameters map 1:1 to the official state dict by `OFFICIAL_BLOCK_PARAMS` /

@@ -316,7 +316,7 @@ def test_block_masks_padding_and_drops_out_in_training():
   block = LorentzAttentionBlock(lorentz_dim=15, num_heads=2, dropout_rate=0.2, width=2.0)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 8))
   mask = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], jnp.float32)
-  params = block.init(jax.random.PRNGKey(1), x, mask)
+  params = jax.jit(block.init)(jax.random.PRNGKey(1), x, mask)
   apply = jax.jit(block.apply, static_argnames='deterministic')
   out = apply(params, x, mask)
   # Changing padded frames does not change the real frames' outputs.
