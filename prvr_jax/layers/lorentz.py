@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prvr_jax.layers.attention import dense, dense_init, layer_norm
+from prvr_jax.layers.attention import dense, layer_norm
 from prvr_jax.layers.common import InputProjection
 from prvr_jax.layers.windows import constraint_window
 
