@@ -142,6 +142,30 @@ def test_logmap0_is_finite_where_the_official_ratio_is_not():
   np.testing.assert_allclose(ratio, np.arccosh(a32) / np.sqrt(a32**2 - 1), rtol=8 * EPS)
 
 
+def test_ambient_dist_and_the_official_clamps():
+  rng = np.random.default_rng(4)
+  x = lz.expmap0(jnp.asarray(np.pad(rng.normal(size=(6, 5)), [(0, 0), (1, 0)]), jnp.float32))
+  y = lz.expmap0(jnp.asarray(np.pad(rng.normal(size=(6, 5)), [(0, 0), (1, 0)]), jnp.float32))
+  x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  z = x64[:, 0] * y64[:, 0] - np.sum(x64[:, 1:] * y64[:, 1:], -1)
+  # acosh(z) with z's rounding (eps * t_x t_y) over sinh(d) (the distances here are > 0.3).
+  ref = np.arccosh(z)
+  assert ref.min() > 0.3
+  _less(np.abs(np.asarray(lz.dist(x, y)) - ref), 10 * EPS * x64[:, 0] * y64[:, 0] / np.sinh(ref))
+  # onmt's Acosh at 1: log(1 + sqrt(1e-9)) (the sum rounded to float32), not 0; its gradient
+  # is the custom backward 1 / sqrt(max(z^2 - 1, 1e-9)) with z clamped to >= 1 + 1e-8.
+  origin = jnp.array([1.0, 0.0, 0.0])
+  at_one = math.log(float(np.float32(1.0) + np.float32(math.sqrt(1e-9))))
+  np.testing.assert_allclose(lz.dist(origin, origin), at_one, rtol=8 * EPS)
+  grad = jax.grad(lambda z: lz._official_acosh(z))(jnp.float32(1.0))
+  np.testing.assert_allclose(grad, 1 / math.sqrt(1e-9), rtol=8 * EPS)
+  # tangent_norm's LeakyClamp: value sqrt(1e-9) below the clamp, gradient slope 1e-8 there.
+  u = jnp.array([0.0, 1e-6, 0.0])
+  np.testing.assert_allclose(lz.tangent_norm(u), math.sqrt(1e-9), rtol=8 * EPS)
+  leak = jax.grad(lambda u: lz.tangent_norm(u))(u)
+  np.testing.assert_allclose(leak[1], 1e-8 * 2e-6 / (2 * math.sqrt(1e-9)), rtol=1e-5)
+
+
 def test_zero_vectors_have_finite_values_and_gradients():
   zero = jnp.zeros((2, 5), jnp.float32)
   for fn in (lambda x: lz.exp_map0(x, 1.3), lambda x: lz.log_map0(x, 1.3),
