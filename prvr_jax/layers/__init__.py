@@ -4,6 +4,8 @@ from prvr_jax.layers.attention import AttentionBlockV1, AttentionBlockV2, MultiH
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
 from prvr_jax.layers.encoders import QueryEncoder, SequenceEncoder, VideoBranch
 from prvr_jax.layers.gmm_block import AGGREGATIONS, GMMBlock
+from prvr_jax.layers.lorentz import LorentzAttentionBlock, LorentzLinear
+from prvr_jax.layers.lorentz import LorentzMultiHeadAttention, LorentzSelfAttention
 from prvr_jax.layers.multiscale import KeyClipGuidedAttention, exhaustive_clips
 from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, ProbabilisticEmbedding
 from prvr_jax.layers.prototypes import GENERATORS, PerceiverPrototypes, PrototypeCrossAttention
@@ -15,8 +17,10 @@ from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_win
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling',
     'BroadcastDecoder', 'ConfidenceWeightedScores', 'GENERATORS', 'GMMBlock', 'InputProjection',
-    'KeyClipGuidedAttention', 'MaskedTokenDecoder', 'MultiHeadAttention', 'PerceiverPrototypes',
-    'PositionalEncoding', 'ProbabilisticEmbedding', 'PrototypeCrossAttention', 'QueryEncoder',
-    'SequenceEncoder', 'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
+    'KeyClipGuidedAttention', 'LorentzAttentionBlock', 'LorentzLinear',
+    'LorentzMultiHeadAttention', 'LorentzSelfAttention', 'MaskedTokenDecoder',
+    'MultiHeadAttention', 'PerceiverPrototypes', 'PositionalEncoding', 'ProbabilisticEmbedding',
+    'PrototypeCrossAttention', 'QueryEncoder', 'SequenceEncoder', 'SlotAttentionPrototypes',
+    'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
     'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
 ]
