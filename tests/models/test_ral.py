@@ -221,3 +221,10 @@ def test_bert_adam_steps():
   # ~1e-3 step to ~0.1-1% while allowing the float32 rounding of `p - lr * update`.
   for key, value in expected.items():
     _close(p2[key], value, f'step-2 {key}', rtol=1e-6)
+
+
+def test_text_mass_is_refused_naming_the_flag():
+  config = support.load_config('ral', 'tiny')
+  config.model.stochastic_text = True
+  with pytest.raises(ValueError, match=r'--config.model.stochastic_text$'):
+    registry.get_spec('ral').param_shapes(config.model)

@@ -59,7 +59,8 @@ class RALQueryEncoder(nn.Module):
 
 
 class RAL(GMMFormerV2):
-  """Attributes mirror `config.model` (see configs/ral.py); GMMFormer v2's and
+  """Attributes mirror `config.model` (see configs/ral.py): GMMFormer v2's (the fusion weights
+  default to RAL's TVR 0.5 / 0.5), plus
 
   Attributes:
     num_samples: K, samples per Gaussian (official 6).
@@ -72,8 +73,8 @@ class RAL(GMMFormerV2):
 
   def setup(self):
     if self.stochastic_text:
-      raise ValueError('RAL does not offer the text-mass plug-in (config.model.stochastic_text)'
-                       ': its frame branch scores query tokens, not one query vector')
+      raise ValueError('RAL scores its frame branch with query tokens, not one query vector, '
+                       'and offers no text-mass plug-in: --config.model.stochastic_text')
     self.query = RALQueryEncoder(self.hidden_dim, self.num_heads, self.max_query_len,
                                  self.dropout, self.input_dropout)
     branch = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, max_len=self.max_frames,
@@ -156,5 +157,7 @@ class RAL(GMMFormerV2):
     return out
 
   def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """Not offered (`SPEC.relevance` is None): the frame score is a weighted sum over words of
+    per-word maxima, not one max over frames."""
     raise NotImplementedError('RAL has no moment relevance curves (its frame score is a '
                               'weighted sum over words, not a max over frames)')
