@@ -226,5 +226,6 @@ def test_bert_adam_steps():
 def test_text_mass_is_refused_naming_the_flag():
   config = support.load_config('ral', 'tiny')
   config.model.stochastic_text = True
-  with pytest.raises(ValueError, match=r'--config.model.stochastic_text$'):
+  with pytest.raises(ValueError) as error:
     registry.get_spec('ral').param_shapes(config.model)
+  assert str(error.value).splitlines()[-1].endswith('--config.model.stochastic_text')
