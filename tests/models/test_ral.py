@@ -1,0 +1,231 @@
+"""Parity of the registered RAL model with the official `RAL4GMMV2_Net` (zhanglong-ustc/RAL-PRVR
+@ befbf22) at tiny dims: the official checkpoint read and converted, parameter count, weight
+decay groups, encodings, evaluation scores, the training forward's matrices, every loss term
+and the gradients on one batch with the official sampling noise (fixture:
+tests/fixtures/ral/README.md)."""
+
+import dataclasses
+import functools
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import official_release
+import support
+from prvr_jax import convert, models, torch_file, train
+from prvr_jax.models import registry
+from prvr_jax.models.ral.model import RAL
+from prvr_jax.models.spec import LossContext
+from prvr_jax.ops import max_similarity
+
+FIXTURE = support.FIXTURES / 'ral'
+# As tests/models/test_parity.py: errors within 1e-5 (~80 eps) of each array's magnitude.
+PARITY_RTOL = 1e-5
+# Official config fields (the fixture meta's `dims`) -> config.model fields.
+DIMS = {'visual_feat_dim': 'visual_dim', 'q_feat_size': 'query_dim', 'hidden_size': 'hidden_dim',
+        'n_heads': 'num_heads', 'max_desc_l': 'max_query_len', 'max_ctx_l': 'max_frames',
+        'map_size': 'num_clips'}
+
+
+@functools.cache
+def _fixture():
+  with np.load(FIXTURE / 'model.npz') as f:
+    return {k: f[k] for k in f.files}
+
+
+@functools.cache
+def _setup():
+  """(config, spec, params from the official checkpoint, fixture batch)."""
+  fixture = _fixture()
+  meta = json.loads(str(fixture['meta']))
+  config = support.load_config('ral', 'tvr')
+  config.model.update({DIMS[k]: v for k, v in meta['dims'].items()})
+  config.model.update(dropout=0.0, input_dropout=0.0)
+  config.loss.hard_pool_size = meta['config']['hard_pool_size']
+  state_dict = torch_file.load_torch_checkpoint(str(FIXTURE / 'ral_best.ckpt'))
+  params = convert.torch_to_params(state_dict, 'ral', config.model)
+  x = {k[3:]: v for k, v in fixture.items() if k.startswith('in/')}
+  batch = {'clip_feats': x['clip_feats'], 'frame_feats': x['frame_feats'],
+           'frame_mask': x['frame_mask'], 'query_feats': x['query_feats'],
+           'query_mask': x['query_mask'], 'query_video': x['query_labels'],
+           'video_valid': np.ones(len(x['frame_mask']), bool),
+           'query_valid': np.ones(len(x['query_mask']), bool)}
+  return config, registry.get_spec('ral'), params, batch, state_dict, meta
+
+
+class _RecordedNoise(RAL):
+  """RAL whose training forward samples with the official recorded noise."""
+
+  def __call__(self, batch, deterministic=True, noise=None):
+    fixture = _fixture()
+    return super().__call__(batch, deterministic,
+                            {'video': jnp.asarray(fixture['noise/video']),
+                             'text': jnp.asarray(fixture['noise/text'])})
+
+
+@functools.cache
+def _run():
+  config, spec, params, batch, _, _ = _setup()
+  spec = dataclasses.replace(spec, module=_RecordedNoise)
+  model = spec.build(config.model)
+  # Hard negatives (the fixture's hard mode, pool 1: deterministic); dropout is 0.
+  ctx = LossContext(loss=config.loss, epoch=jnp.int32(1000), step=jnp.int32(0))
+  rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(0), len(spec.rng_streams))))
+
+  @jax.jit
+  def step(params, batch):
+    v = {'params': params}
+    videos = model.apply(v, batch, method='encode_videos')
+    queries = model.apply(v, batch, method='encode_queries')
+    (total, terms), grads = jax.value_and_grad(spec.objective, argnums=1, has_aux=True)(
+        model, params, batch, rngs, ctx)
+    return dict(videos=videos, queries=queries, total=total, terms=terms, grads=grads,
+                scores=model.apply(v, queries, videos, method='score'),
+                clip_scores=max_similarity(queries['query'], videos['clips'], cosine=True),
+                frame_scores=model.apply(v, queries, videos, True, method='word_frame_scores'),
+                outputs=model.apply(v, batch, deterministic=False))
+  return jax.device_get(step(params, batch))
+
+
+def _close(actual, expected, what, rtol=PARITY_RTOL, scale=None):
+  support.assert_close(actual, expected, rtol, scale=scale, err_msg=what)
+
+
+def test_checkpoint_parameter_count_and_weight_decay_groups():
+  _, spec, params, _, state_dict, meta = _setup()
+  assert models.count_params(params) == meta['num_params']
+  assert len(convert.params_to_torch(params, 'ral')) == len(state_dict)
+  # Official BertAdam groups: names without 'bias' / 'LayerNorm.*' are decayed, RAL's
+  # `pie_net_*.layer_norm.weight` among them.
+  mask = jax.tree.map(lambda decay, p: np.full(p.shape, float(decay), np.float32),
+                      spec.weight_decay_mask(params), params)
+  decayed = {k for k, v in convert.params_to_torch(mask, 'ral').items() if v.all()}
+  assert decayed == set(meta['decayed'])
+  assert {'pie_net_video.layer_norm.weight', 'pie_net_text.layer_norm.weight'} <= decayed
+
+
+def test_encodings_and_evaluation_scores():
+  fixture, ours = _fixture(), _run()
+  _close(ours['videos']['clips'], fixture['out/clips'], 'clips')
+  _close(ours['videos']['frames'], fixture['out/frames'], 'frames')
+  _close(ours['queries']['query'], fixture['out/queries'], 'queries')
+  _close(ours['queries']['tokens'], fixture['out/tokens'], 'frame-branch tokens')
+  _close(ours['clip_scores'], fixture['out/clip_scores'], 'eval clip scores')
+  _close(ours['frame_scores'], fixture['out/frame_scores'], 'eval frame (CSA) scores')
+  _close(ours['scores'], fixture['out/scores'], 'eval scores')
+
+
+def test_training_matrices_and_every_loss_term():
+  fixture, ours = _fixture(), _run()
+  for key in ('clip_scores', 'clip_logits', 'frame_scores', 'frame_logits'):
+    _close(ours['outputs'][key], fixture[f'train/{key}'], key)
+  expected = {k[len('loss/'):]: float(v) for k, v in fixture.items()
+              if k.startswith('loss/') and k != 'loss/total'}
+  assert set(ours['terms']) == set(expected)
+  # As in test_parity: each term's error against the total it is summed into.
+  total = float(fixture['loss/total'])
+  for term, value in expected.items():
+    _close(ours['terms'][term], value, f'loss term {term}', scale=abs(total))
+  _close(ours['total'], total, 'total loss')
+  # The RAL terms before their weights (13 and 26), each against its own magnitude.
+  config = _setup()[0]
+  for term in ('proxy_matching', 'distribution_alignment'):
+    _close(ours['terms'][term] / config.loss[term], fixture[f'loss_raw/{term}'], term)
+
+
+def test_gradients():
+  fixture, ours = _fixture(), _run()
+  ours = convert.params_to_torch(ours['grads'], 'ral')
+  expected = {k[len('grad/'):]: v for k, v in fixture.items() if k.startswith('grad/')}
+  assert set(expected) == set(ours)
+  # As tests/models/test_parity.py (rounding noise of analytically zero gradients is measured
+  # against 1e-3 of the global norm).
+  global_norm = np.sqrt(sum(np.sum(np.square(g)) for g in expected.values()))
+  global_max = max(np.abs(g).max() for g in expected.values())
+  for key, g in expected.items():
+    assert np.isfinite(ours[key]).all(), f'grad {key} is not finite'
+    diff = np.abs(ours[key] - g)
+    rel = np.linalg.norm(diff) / max(np.linalg.norm(g), 1e-3 * global_norm)
+    assert rel <= 1e-4, f'grad {key}: relative error {rel:.3g}'
+    bad = diff > 1e-6 * global_max + 1e-3 * np.abs(g)
+    assert not bad.any(), f'grad {key}: {bad.sum()} elements off, max abs error {diff.max():.3g}'
+
+
+@pytest.mark.parametrize('variant', ['tvr', 'activitynet'])
+def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache):
+  """evaluate.py on the official checkpoint and the multi-batch release (our own batches) =
+  the official evaluation loop's scores (20-video / 15-query batches) and recalls; the two
+  variants differ in the fusion weights (0.5 / 0.5, 0.6 / 0.4) and the temperature."""
+  support.require_tensorflow()
+  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
+  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
+  official = np.load(FIXTURE / 'multibatch_ral.npz')
+  assert digest == str(official['release_digest']), 'multibatch_ral.npz release_digest'
+  out = tmp_path / 'eval'
+  support.run_cli('evaluate.py', f'--config=configs/ral.py:{variant}',
+                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
+                  '--config.model.hidden_dim=24', f'--config.data.dir={folder}',
+                  f'--config.data.collection={collection}',
+                  f'--config.data.visual_feature={visual_feature}',
+                  f'--checkpoint={FIXTURE / "ral_best.ckpt"}', '--split=test',
+                  f'--output_dir={out}', cache_dir=xla_cache)
+  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
+  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
+  assert list(official['cap_ids']) == cap_ids
+  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
+  scores = np.load(out / 'scores.npy')
+  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
+  support.assert_close(scores, official[f'{variant}/scores'], rtol=PARITY_RTOL)
+  metrics = json.loads((out / 'metrics.json').read_text())
+  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
+  # Equal ranks give equal recalls: where a positive sits at a recall boundary K, the score gap
+  # to the neighbour that could cross it is >= 2.0e-4 (tvr) / 6.2e-4 (activitynet), over 17x
+  # the sum of both scores' tolerances.
+  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
+  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'ral'
+
+
+def test_bert_adam_steps():
+  """Two updates of the training optimiser (`train.make_model_optimizer`, TVR values) from the
+  official gradients = two official BertAdam steps (the first has lr 0), RAL's decayed
+  `pie_net_*.layer_norm.weight` included."""
+  config, spec, params, _, _, meta = _setup()
+  fixture = _fixture()
+  cfg = meta['config']
+  assert (config.optim.name, config.optim.lr, config.optim.warmup_proportion,
+          config.optim.weight_decay, config.optim.max_grad_norm) == (
+              'bert_adam', cfg['lr'], cfg['lr_warmup_proportion'], cfg['wd'], 1.0)
+  grads = convert.torch_to_params(
+      {k[len('grad/'):]: v for k, v in fixture.items() if k.startswith('grad/')}, 'ral',
+      config.model)
+  tx, schedule = train.make_model_optimizer(config, spec, meta['t_total'])
+  support.assert_close(schedule(1), fixture['step2/lr'], rtol=1e-6)  # float32 lr: ~1 rounding
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  p1, state = step(params, tx.init(params))
+  jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
+  p2 = convert.params_to_torch(jax.device_get(step(p1, state)[0]), 'ral')
+  expected = {k[len('step2/'):]: v for k, v in fixture.items()
+              if k.startswith('step2/') and k != 'step2/lr'}
+  assert 'pie_net_text.layer_norm.weight' in expected and set(expected) <= set(p2)
+  # As tests/models/test_parity.py: 1e-6 of each tensor's magnitude (~8 eps) checks the
+  # ~1e-3 step to ~0.1-1% while allowing the float32 rounding of `p - lr * update`.
+  for key, value in expected.items():
+    _close(p2[key], value, f'step-2 {key}', rtol=1e-6)
+
+
+def test_text_mass_is_refused_naming_the_flag():
+  config = support.load_config('ral', 'tiny')
+  config.model.stochastic_text = True
+  with pytest.raises(ValueError) as error:
+    registry.get_spec('ral').param_shapes(config.model)
+  assert str(error.value).splitlines()[-1].endswith('--config.model.stochastic_text')
