@@ -27,10 +27,11 @@ SPEC = dataclasses.replace(
         'hlformer', HLFormer, objective,
         param_counts={'tvr': 29_911_483, 'activitynet': 28_429_243, 'charades': 28_429_243},
         # Softmax is shift invariant: the key bias of unwindowed attention (query branch, the
-        # mixing cross-attention) and the mixing output bias (one value per position, shared
-        # by the branches the softmax runs over) get none.
+        # mixing cross-attention), the score bias of the unwindowed Lorentz block and the
+        # mixing output bias (one value per position, shared by the branches the softmax runs
+        # over) get none.
         gradient_free=(r'^query/encoder/attention/key/bias$', r'/cross/attention/key/bias$',
-                       r'/mix_out/bias$'),
+                       r'/lorentz_0/attention/lorentz_attention/bias$', r'/mix_out/bias$'),
         relevance='relevance'),
     official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config,
                                 ignored=_MANIFOLD_K))
