@@ -41,9 +41,9 @@ PER_DATASET = {
     'activitynet': _ACT,
     'charades': {**_ACT, 'optim.lr': 2e-4, 'model.dropout': 0.25, 'model.input_dropout': 0.25},
     # The synthetic benchmark and the smoke run: the TVR recipe at a smaller size.
-    'synthetic': {**_TVR, 'model.hidden_dim': 64, 'model.lorentz_dim': 31,
+    'synthetic': {**_TVR, 'model.hidden_dim': 64, 'model.lorentz_dim': 63,
                   'loss.hard_negative_start_epoch': 3},
-    'tiny': {**_TVR, 'model.hidden_dim': 32, 'model.lorentz_dim': 15,
+    'tiny': {**_TVR, 'model.hidden_dim': 32, 'model.lorentz_dim': 31,
              'loss.hard_negative_start_epoch': 1},
 }
 
