@@ -15,6 +15,8 @@ from prvr_jax.models.hlformer import official as hl_official
 from prvr_jax.models.hlformer.model import branch_widths
 from prvr_jax.models.spec import LossContext
 
+pytestmark = pytest.mark.slow  # the model's loss and gradients compile here
+
 FIXTURE = support.FIXTURES / 'hlformer' / 'model.npz'
 # The fixture's official config: hidden 16, 4 heads, lorentz_dim 15, attention_num 4,
 # sft_factor 0.5, dropout 0; inputs of width 12 (video) and 10 (query).
