@@ -136,7 +136,15 @@ class TwoBranchModel(TextMass, SharedFields):
       out[f'{branch}_support_scores'], out[f'{branch}_support_logits'] = (
           self.training_similarities(branch, point, videos, own))
     out['scores'] = self.training_scores(queries, videos, out, deterministic)
+    out.update(self.extra_outputs(videos, out, deterministic))
     return out
+
+  def extra_outputs(self, videos: Mapping[str, jax.Array], out: Mapping[str, jax.Array],
+                    deterministic: bool) -> dict[str, jax.Array]:
+    """More training outputs for the model's own loss terms, from the training encodings
+    `videos` and the outputs so far (none by default; HLFormer's hyperbolic points)."""
+    del videos, out, deterministic
+    return {}
 
 
 def batch_masks(batch: Batch) -> dict[str, jax.Array]:
