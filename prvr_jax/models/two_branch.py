@@ -23,7 +23,7 @@ from prvr_jax import losses
 from prvr_jax.layers.gmm_block import BRANCHES
 from prvr_jax.models.fields import SharedFields
 from prvr_jax.models.spec import Batch, LossContext, ModelSpec, Objective, OfficialCheckpoint
-from prvr_jax.models.spec import Params
+from prvr_jax.models.spec import Params, position_scores, real_positions
 from prvr_jax.models.text_mass import TEXT_MASS_SPEC, TextMass
 from prvr_jax.ops import max_similarities, max_similarity
 
@@ -145,6 +145,31 @@ class TwoBranchModel(TextMass, SharedFields):
     `videos` and the outputs so far (none by default; HLFormer's hyperbolic points)."""
     del videos, out, deterministic
     return {}
+
+
+class FrameSet:
+  """A frame branch scored by its best frame: `videos['frames'] [B, Lf, D]`, padded frames zero
+  (GMMFormer v2, HLFormer). Mixed into a `TwoBranchModel` subclass before it."""
+
+  def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
+                       cosine: bool) -> jax.Array:
+    return max_similarity(queries, videos['frames'], cosine)
+
+  def frame_similarities(self, queries: jax.Array, videos: Mapping[str, jax.Array]
+                         ) -> tuple[jax.Array, jax.Array]:
+    return max_similarities(queries, videos['frames'])
+
+  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {'clip': videos['clips'], 'frame': videos['frames']}
+
+  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
+    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`,
+    'frame cosine': `[Q, Lf]` (NaN at padded frames)}, whose maxima are the pair's S_c and,
+    over a video without padding, S_f."""
+    encoded, stored = self.encode_queries(queries), self.encode_videos(videos)
+    return {'clip cosine': position_scores(encoded, stored['clips']),
+            'frame cosine': real_positions(position_scores(encoded, stored['frames']),
+                                           videos['frame_mask'])}
 
 
 def batch_masks(batch: Batch) -> dict[str, jax.Array]:

@@ -8,18 +8,15 @@ Scores: S_c = max over clips, S_f = max over frames (cosine; raw dot for InfoNCE
 eval S = 0.7 S_c + 0.3 S_f. Text mass (`stochastic_text`) applies to both branches.
 """
 
-from collections.abc import Mapping
-
 import flax.linen as nn
 import jax
 
 from prvr_jax.layers import QueryEncoder, VideoBranch
-from prvr_jax.models.spec import Batch, position_scores, real_positions
-from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import max_similarities, max_similarity
+from prvr_jax.models.spec import Batch
+from prvr_jax.models.two_branch import FrameSet, TwoBranchModel
 
 
-class GMMFormerV2(TwoBranchModel):
+class GMMFormerV2(FrameSet, TwoBranchModel):
   """Attributes mirror `config.model` (see configs/gmmformer_v2.py); the shared ones are
   `TwoBranchModel`'s."""
   widths: tuple[float | None, ...] = (None, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0)
@@ -30,6 +27,11 @@ class GMMFormerV2(TwoBranchModel):
   def setup(self):
     self.query = QueryEncoder(self.hidden_dim, self.num_heads, self.max_query_len, 'v2',
                               self.dropout, self.input_dropout)
+    self.setup_videos()
+
+  def setup_videos(self) -> None:
+    """The clip and frame branches, their shared weight token and the text-mass radius
+    (`setup`'s, also RAL's)."""
     branch = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, max_len=self.max_frames,
                   widths=self.widths, block='v2', window=self.window,
                   aggregation=self.aggregation, temperature=self.temperature,
@@ -51,23 +53,3 @@ class GMMFormerV2(TwoBranchModel):
     clips = self.clip(videos['clip_feats'], None, None, self.weight_token, deterministic)
     frames = self.frame(frame_feats, frame_mask, None, self.weight_token, deterministic)
     return self.with_key({'clips': clips, 'frames': frames * frame_mask[..., None]}, videos)
-
-  def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
-                       cosine: bool) -> jax.Array:
-    return max_similarity(queries, videos['frames'], cosine)
-
-  def frame_similarities(self, queries: jax.Array, videos: Mapping[str, jax.Array]
-                         ) -> tuple[jax.Array, jax.Array]:
-    return max_similarities(queries, videos['frames'])
-
-  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    return {'clip': videos['clips'], 'frame': videos['frames']}
-
-  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
-    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`,
-    'frame cosine': `[Q, 128]` (NaN at padded frames)}, whose maxima are the pair's S_c and,
-    over a video without padding, S_f."""
-    encoded, stored = self.encode_queries(queries), self.encode_videos(videos)
-    return {'clip cosine': position_scores(encoded, stored['clips']),
-            'frame cosine': real_positions(position_scores(encoded, stored['frames']),
-                                           videos['frame_mask'])}

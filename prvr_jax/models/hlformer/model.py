@@ -24,9 +24,8 @@ from prvr_jax.layers import lorentz
 from prvr_jax.layers.attention import AttentionBlockV2, dense
 from prvr_jax.layers.gmm_block import BRANCHES
 from prvr_jax.layers.windows import stacked_windows
-from prvr_jax.models.spec import Batch, position_scores, real_positions
-from prvr_jax.models.two_branch import TwoBranchModel
-from prvr_jax.ops import max_similarities, max_similarity
+from prvr_jax.models.spec import Batch
+from prvr_jax.models.two_branch import FrameSet, TwoBranchModel
 
 
 def branch_widths(attention_num: int) -> tuple[float | None, ...]:
@@ -114,7 +113,7 @@ class HyperbolicVideoBranch(nn.Module):
                          self.dropout, name='encoder')(x, mask, deterministic)
 
 
-class HLFormer(TwoBranchModel):
+class HLFormer(FrameSet, TwoBranchModel):
   """Attributes mirror `config.model` (see configs/hlformer.py); the shared ones are
   `TwoBranchModel`'s.
 
@@ -185,22 +184,3 @@ class HLFormer(TwoBranchModel):
                     deterministic: bool) -> dict[str, jax.Array]:
     del deterministic
     return self.hyperbolic_points(out['queries_aux'], videos)
-
-  def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
-                       cosine: bool) -> jax.Array:
-    return max_similarity(queries, videos['frames'], cosine)
-
-  def frame_similarities(self, queries: jax.Array, videos: Mapping[str, jax.Array]
-                         ) -> tuple[jax.Array, jax.Array]:
-    return max_similarities(queries, videos['frames'])
-
-  def text_mass_sets(self, videos: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    return {'clip': videos['clips'], 'frame': videos['frames']}
-
-  def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
-    """`ModelSpec.relevance`: `Q` queries, their `Q` videos -> {'clip cosine': `[Q, Lc]`,
-    'frame cosine': `[Q, 128]` (NaN at padded frames)}."""
-    encoded, stored = self.encode_queries(queries), self.encode_videos(videos)
-    return {'clip cosine': position_scores(encoded, stored['clips']),
-            'frame cosine': real_positions(position_scores(encoded, stored['frames']),
-                                           videos['frame_mask'])}

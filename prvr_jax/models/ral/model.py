@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from prvr_jax import ops
-from prvr_jax.layers import VideoBranch
 from prvr_jax.layers.attention import BLOCKS
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
 from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, ProbabilisticEmbedding
@@ -77,15 +76,7 @@ class RAL(GMMFormerV2):
                        'and offers no text-mass plug-in: --config.model.stochastic_text')
     self.query = RALQueryEncoder(self.hidden_dim, self.num_heads, self.max_query_len,
                                  self.dropout, self.input_dropout)
-    branch = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, max_len=self.max_frames,
-                  widths=self.widths, block='v2', window=self.window,
-                  aggregation=self.aggregation, temperature=self.temperature,
-                  dropout=self.dropout, input_dropout=self.input_dropout)
-    self.clip = VideoBranch(**branch)
-    self.frame = VideoBranch(**branch)
-    self.weight_token = self.param('weight_token', nn.initializers.normal(1.0),
-                                   (self.hidden_dim,))
-    self.radius = self.text_mass_radius()
+    self.setup_videos()
     self.text_weight_fc = ConfidenceWeightedScores(normalize=False)
     self.prob_video = ProbabilisticEmbedding(self.hidden_dim, self.num_samples)
     self.prob_text = ProbabilisticEmbedding(self.hidden_dim, self.num_samples)
