@@ -304,6 +304,28 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
+                          official_lr: float) -> dict[str, np.ndarray]:
+  """The torch-named parameters after two updates of the training optimiser
+  (`train.make_model_optimizer`) from the same official `grads`, as two official BertAdam steps:
+  checks that the schedule's second lr is `official_lr` and that the first update (lr 0) leaves
+  `params` as they are."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from prvr_jax import convert, models, train  # pylint: disable=g-import-not-at-top
+  tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
+  assert_close(schedule(1), official_lr, rtol=1e-6)  # float32 lr: ~1 rounding
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  p1, state = step(params, tx.init(params))
+  jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
+  return convert.params_to_torch(jax.device_get(step(p1, state)[0]), config.model.name)
+
+
 def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
   """(params as numpy, step) of the latest checkpoint of a train.py `workdir`."""
   import jax
