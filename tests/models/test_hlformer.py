@@ -1,6 +1,10 @@
 """HLFormer against the official code (tests/fixtures/hlformer/README.md): encodings, scores,
 every loss term and the gradients of their sum on one training batch, at tiny dims with
-fixed weights; the official name map and config inference on the fixture's state dict."""
+fixed weights; the official name map and config inference on the fixture's state dict; an
+official checkpoint through evaluate.py; two BertAdam updates."""
+
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +12,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+import official_release
 import support
-from prvr_jax import convert
+from prvr_jax import convert, torch_file
 from prvr_jax.models import registry
 from prvr_jax.models.hlformer import official as hl_official
 from prvr_jax.models.hlformer.model import branch_widths
@@ -17,7 +22,8 @@ from prvr_jax.models.spec import LossContext
 
 pytestmark = pytest.mark.slow  # the model's loss and gradients compile here
 
-FIXTURE = support.FIXTURES / 'hlformer' / 'model.npz'
+FIXTURES = support.FIXTURES / 'hlformer'
+FIXTURE = FIXTURES / 'model.npz'
 # The fixture's official config: hidden 16, 4 heads, lorentz_dim 15, attention_num 4,
 # sft_factor 0.5, dropout 0; inputs of width 12 (video) and 10 (query).
 CONFIG = dict(name='hlformer', hidden_dim=16, num_heads=4, lorentz_dim=15, attention_num=4,
@@ -128,3 +134,73 @@ def test_gradients_equal_the_official(fixture, loss_and_grads):
     # gradients are differences of larger terms.
     support.assert_close(value, data[f'grad/{name}'], support.f32_rtol(128, ops=4 * DEPTH),
                          scale=scale, err_msg=name)
+
+
+@pytest.mark.parametrize('variant', ['tvr', 'activitynet'])
+def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache):
+  """evaluate.py on the official checkpoint and the multi-batch release (our own batches) =
+  the official evaluation loop's scores (20-video / 15-query batches) and recalls; the two
+  variants differ in the mixing temperature (`sft_factor` 0.09 / 0.6)."""
+  support.require_tensorflow()
+  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
+  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
+  official = np.load(FIXTURES / 'multibatch_hlformer.npz')
+  assert digest == str(official['release_digest']), 'multibatch_hlformer.npz release_digest'
+  out = tmp_path / 'eval'
+  support.run_cli('evaluate.py', f'--config=configs/hlformer.py:{variant}',
+                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
+                  '--config.model.hidden_dim=16', '--config.model.lorentz_dim=15',
+                  '--config.model.attention_num=4', f'--config.data.dir={folder}',
+                  f'--config.data.collection={collection}',
+                  f'--config.data.visual_feature={visual_feature}',
+                  f'--checkpoint={FIXTURES / "hlformer_best.ckpt"}', '--split=test',
+                  f'--output_dir={out}', cache_dir=xla_cache)
+  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
+  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
+  assert list(official['cap_ids']) == cap_ids
+  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
+  scores = np.load(out / 'scores.npy')
+  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
+  support.assert_close(scores, official[f'{variant}/scores'], rtol=1e-5)
+  metrics = json.loads((out / 'metrics.json').read_text())
+  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
+  # Equal ranks give equal recalls: where a positive could cross a recall boundary K (1, 5,
+  # 10; R@100 holds all 54 videos), the gap between its score and the K-th best other video's
+  # is >= 3.9e-4 (tvr) / 7.4e-4 (activitynet), over 20x the sum of both scores' tolerances.
+  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
+  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'hlformer'
+
+
+def test_bert_adam_steps_and_weight_decay_groups(fixture):
+  """Two updates of the training optimiser (`train.make_model_optimizer`, TVR values) from the
+  official gradients of model.npz = two official BertAdam steps (the first has lr 0); the
+  decayed tensors are the official groups' (names without 'bias' / 'LayerNorm': `curv`, the
+  alphas, the Lorentz scales and the `norm1` / `norm2` weights among them)."""
+  data, state, spec, _, params = fixture
+  steps = np.load(FIXTURES / 'bert_adam.npz')
+  meta = json.loads(str(steps['meta']))
+  config = support.load_config('hlformer', 'tvr')
+  config.model.update({k: v for k, v in CONFIG.items() if k != 'name'})
+  cfg = meta['config']
+  assert (config.optim.name, config.optim.lr, config.optim.warmup_proportion,
+          config.optim.weight_decay, config.optim.max_grad_norm) == (
+              'bert_adam', cfg['lr'], cfg['lr_warmup_proportion'], cfg['wd'], 1.0)
+  mask = jax.tree.map(lambda decay, p: np.full(p.shape, float(decay), np.float32),
+                      spec.weight_decay_mask(params), params)
+  decayed = {k for k, v in convert.params_to_torch(mask, 'hlformer').items() if v.all()}
+  assert decayed == set(meta['decayed'])
+  assert {'curv', 'video_alpha', 'clip_encoder.h_attns.0.norm1.weight'} <= decayed
+  # The official optimizer steps after the forward, which clamped these three in place.
+  start = dict(state, **{k: np.float32(v) for k, v in meta['start'].items()})
+  start = convert.torch_to_params(start, 'hlformer', CONFIG)
+  grads = convert.torch_to_params(
+      {k[len('grad/'):]: data[k] for k in data.files if k.startswith('grad/')}, 'hlformer',
+      CONFIG)
+  p2 = support.second_optimizer_step(config, start, grads, meta['t_total'], steps['step2/lr'])
+  expected = {k[len('step2/'):]: steps[k] for k in steps.files
+              if k.startswith('step2/') and k != 'step2/lr'}
+  assert set(expected) == set(p2)
+  # As tests/models/test_parity.py: 1e-6 of each tensor's magnitude (~8 eps) checks the
+  # ~1e-3 step to ~0.1-1% while allowing the float32 rounding of `p - lr * update`.
+  for key, value in expected.items():
+    support.assert_close(p2[key], value, 1e-6, err_msg=f'step-2 {key}')
