@@ -304,6 +304,30 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+_OPTIMIZER_UPDATES: dict[tuple[str, str, int], Any] = {}
+
+
+def optimizer_update(config: Any, t_total: int) -> tuple[Any, Any, Any]:
+  """(tx, schedule, jitted `(params, opt_state, grads) -> (params, opt_state)`) of the
+  training optimiser (`train.make_model_optimizer`) for `t_total` updates; one per
+  (`config.model`, `config.optim`, `t_total`) in a process, so that tests stepping the same
+  model compile the update once."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from prvr_jax import models, train  # pylint: disable=g-import-not-at-top
+  key = (config.model.to_json_best_effort(sort_keys=True),
+         config.optim.to_json_best_effort(sort_keys=True), t_total)
+  if key not in _OPTIMIZER_UPDATES:
+    tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
+
+    @jax.jit
+    def update(params, state, grads):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+    _OPTIMIZER_UPDATES[key] = (tx, schedule, update)
+  return _OPTIMIZER_UPDATES[key]
+
+
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
                           official_lr: float) -> dict[str, np.ndarray]:
   """The torch-named parameters after two updates of the training optimiser
@@ -311,19 +335,12 @@ def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
   checks that the schedule's second lr is `official_lr` and that the first update (lr 0) leaves
   `params` as they are."""
   import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from prvr_jax import convert, models, train  # pylint: disable=g-import-not-at-top
-  tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
+  from prvr_jax import convert  # pylint: disable=g-import-not-at-top
+  tx, schedule, update = optimizer_update(config, t_total)
   assert_close(schedule(1), official_lr, rtol=1e-6)  # float32 lr: ~1 rounding
-
-  @jax.jit
-  def step(params, state):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
-  p1, state = step(params, tx.init(params))
+  p1, state = update(params, tx.init(params), grads)
   jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
-  return convert.params_to_torch(jax.device_get(step(p1, state)[0]), config.model.name)
+  return convert.params_to_torch(jax.device_get(update(p1, state, grads)[0]), config.model.name)
 
 
 def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
