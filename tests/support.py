@@ -326,12 +326,14 @@ def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
   return convert.params_to_torch(jax.device_get(step(p1, state)[0]), config.model.name)
 
 
-def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
-  """(params as numpy, step) of the latest checkpoint of a train.py `workdir`."""
+def load_latest_params(workdir: pathlib.Path, config_path: str, variant: str | None = None
+                       ) -> tuple[Any, int]:
+  """(params as numpy, step) of the latest checkpoint of a train.py `workdir` trained with
+  `config_path` (and `variant`)."""
   import jax
   from prvr_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
-  params, info = checkpoint.load_params(str(workdir / 'checkpoints'), load_config(config_path),
-                                        parallel.make_mesh())
+  params, info = checkpoint.load_params(str(workdir / 'checkpoints'),
+                                        load_config(config_path, variant), parallel.make_mesh())
   return jax.tree.map(np.asarray, params), info['step']
 
 
