@@ -1,8 +1,8 @@
 """Parity of the registered RAL model with the official `RAL4GMMV2_Net` (zhanglong-ustc/RAL-PRVR
 @ befbf22) at tiny dims: the official checkpoint read and converted, parameter count, weight
 decay groups, encodings, evaluation scores, the training forward's matrices, every loss term
-and the gradients on one batch with the official sampling noise (fixture:
-tests/fixtures/ral/README.md)."""
+and the gradients on one batch with the official sampling noise, and four training steps
+(fixtures: tests/fixtures/ral/README.md)."""
 
 import dataclasses
 import functools
@@ -308,10 +308,10 @@ def _gradient_rounding_allowance(steps, weight_decay, b1=0.9, b2=0.999, eps=1e-6
 
 def test_training_steps():
   """Four updates of ours (the objective's gradient and `train.make_model_optimizer`, each
-  jitted once) from the official checkpoint, on four batches with other query lengths and queries per video
-  and each step's official sampling noise = four official training steps (BertAdam, t_total
-  150: lr 0, then its warmup and linear-decay branches): the lr, every loss term and the total
-  at each step, every parameter after each update (train_steps.npz)."""
+  jitted once) from the official checkpoint, on four batches with other lengths and queries
+  per video and each step's official sampling noise = four official training steps (BertAdam,
+  t_total 150: lr 0, then its warmup and linear-decay branches): the lr, every loss term and
+  the total at each step, every parameter after each update (train_steps.npz)."""
   fixture, steps, initial = _train_steps_fixture(), _train_steps(), _setup()[4]
   config = _setup()[0]
   assert len(steps) == 4
@@ -348,8 +348,9 @@ def test_training_steps():
       diff = np.abs(step['params'][key] - value)
       bound = 1e-6 * np.abs(value).max() + allowance[i][key]
       bad = diff > bound
-      assert not bad.any(), (f'step {i} parameter {key}: {bad.sum()} elements off, max '
-                             f'|diff| {diff.max():.3g}, bound there {bound.flat[diff.argmax()]:.3g}')
+      worst = diff.argmax()
+      assert not bad.any(), (f'step {i} parameter {key}: {bad.sum()} elements off, max |diff| '
+                             f'{diff.flat[worst]:.3g}, bound there {bound.flat[worst]:.3g}')
 
 
 def test_text_mass_is_refused_naming_the_flag():
