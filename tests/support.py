@@ -304,6 +304,29 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+_OPTIMIZER_STEPS = {}
+
+
+def optimizer_step(config: Any, t_total: int) -> tuple[Any, Any, Any]:
+  """(jitted `step(params, state, grads) -> (params, state)`, the optax transformation, its lr
+  schedule) of the training optimiser (`train.make_model_optimizer`) for `t_total` updates of
+  `config.model`; one per config and `t_total`, so that the tests updating the same model
+  share one compile."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from prvr_jax import models, train  # pylint: disable=g-import-not-at-top
+  key = (config.to_json_best_effort(sort_keys=True), t_total)
+  if key not in _OPTIMIZER_STEPS:
+    tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
+
+    @jax.jit
+    def step(params, state, grads):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+    _OPTIMIZER_STEPS[key] = step, tx, schedule
+  return _OPTIMIZER_STEPS[key]
+
+
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
                           official_lr: float) -> dict[str, np.ndarray]:
   """The torch-named parameters after two updates of the training optimiser
@@ -311,19 +334,12 @@ def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
   checks that the schedule's second lr is `official_lr` and that the first update (lr 0) leaves
   `params` as they are."""
   import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from prvr_jax import convert, models, train  # pylint: disable=g-import-not-at-top
-  tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
+  from prvr_jax import convert  # pylint: disable=g-import-not-at-top
+  step, tx, schedule = optimizer_step(config, t_total)
   assert_close(schedule(1), official_lr, rtol=1e-6)  # float32 lr: ~1 rounding
-
-  @jax.jit
-  def step(params, state):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
-  p1, state = step(params, tx.init(params))
+  p1, state = step(params, tx.init(params), grads)
   jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
-  return convert.params_to_torch(jax.device_get(step(p1, state)[0]), config.model.name)
+  return convert.params_to_torch(jax.device_get(step(p1, state, grads)[0]), config.model.name)
 
 
 def load_latest_params(workdir: pathlib.Path, config_path: str, variant: str | None = None
