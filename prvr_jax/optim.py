@@ -141,14 +141,16 @@ def hf_adamw_updates(learning_rate: optax.Schedule, *, weight_decay: float,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def clamp_params(upper: Any) -> optax.GradientTransformation:
-  """Updates that leave `min(p + u, upper)` (a pytree like the params; +inf = unbounded), as
-  the official in-place `clamp_` of CLIP's logit scale after each step."""
+def clamp_params(lower: Any, upper: Any) -> optax.GradientTransformation:
+  """Updates that leave `clip(p + u, lower, upper)` (pytrees like the params; -inf / +inf =
+  unbounded): the official in-place clamps of bounded weights (CLIP's logit scale after each
+  step; HLFormer's curvature and scale factors before each forward, which is the same
+  trajectory once the initial values are inside their bounds)."""
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError('clamp_params needs the params')
-    return jax.tree.map(lambda u, p, hi: jnp.minimum(p + u, hi) - p, updates, params,
-                        upper), state
+    return jax.tree.map(lambda u, p, lo, hi: jnp.clip(p + u, lo, hi) - p, updates, params,
+                        lower, upper), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
@@ -261,7 +263,8 @@ def make_schedule(config_optim: Any, total_steps: int) -> optax.Schedule:
 def make_gradient_transformation(config_optim: Any, total_steps: int,
                                  weight_decay_mask: Optional[MaskOrFn] = None,
                                  stacked: Optional[MaskOrFn] = None, lr_multiplier: Any = None,
-                                 upper_bounds: Any = None) -> optax.GradientTransformation:
+                                 bounds: tuple[Any, Any] | None = None
+                                 ) -> optax.GradientTransformation:
   """The optax transformation of `config.optim`, with the per-leaf rules passed in (a
   training run takes them from its model: `prvr_jax.train.make_model_optimizer`).
 
@@ -277,30 +280,31 @@ def make_gradient_transformation(config_optim: Any, total_steps: int,
       (`ModelSpec.stacked_mask`).
     lr_multiplier: for 'hf_adamw', per-leaf lr factors (the backbone group's
       `backbone_lr / lr`).
-    upper_bounds: per-leaf maxima the weights are clamped to after each update (None: none).
+    bounds: (lower, upper) per-leaf bounds the weights are clamped to after each update, under
+      every optimiser (`ModelSpec.bound_trees`; None: none).
   """
   schedule = make_schedule(config_optim, total_steps)
   name = config_optim.name
   if name == 'hf_adamw':
-    parts = []
+    parts: list[optax.GradientTransformation] = []
     if config_optim.max_grad_norm > 0:
       parts.append(clip_by_global_norm_torch(config_optim.max_grad_norm))
     parts.append(hf_adamw_updates(schedule, weight_decay=config_optim.weight_decay,
                                   lr_multiplier=lr_multiplier,
                                   eps=config_optim.get('eps', 1e-6)))
-    if upper_bounds is not None:
-      parts.append(clamp_params(upper_bounds))
+    if bounds is not None:  # inside the chain: the optimiser state keeps its structure
+      parts.append(clamp_params(*bounds))
     return optax.chain(*parts)
-  if upper_bounds is not None:
-    raise ValueError(f"config.optim.name={name!r} does not clamp weights; use 'hf_adamw'")
   if name == 'bert_adam':
-    return bert_adam(
+    tx = bert_adam(
         schedule, weight_decay=config_optim.weight_decay,
         weight_decay_mask=(default_decay_mask if weight_decay_mask is None
                            else weight_decay_mask),
         max_grad_norm=config_optim.max_grad_norm, stacked=stacked)
-  if name == 'adamw':
-    return adamw(schedule, weight_decay=config_optim.weight_decay,
-                 max_grad_norm=config_optim.max_grad_norm)
-  raise ValueError(
-      f"config.optim.name must be 'bert_adam', 'adamw' or 'hf_adamw', got {name!r}.")
+  elif name == 'adamw':
+    tx = adamw(schedule, weight_decay=config_optim.weight_decay,
+               max_grad_norm=config_optim.max_grad_norm)
+  else:
+    raise ValueError(
+        f"config.optim.name must be 'bert_adam', 'adamw' or 'hf_adamw', got {name!r}.")
+  return tx if bounds is None else optax.chain(tx, clamp_params(*bounds))

@@ -304,28 +304,27 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-_OPTIMIZER_UPDATES: dict[tuple[str, str, int], Any] = {}
+_OPTIMIZER_STEPS = {}
 
 
-def optimizer_update(config: Any, t_total: int) -> tuple[Any, Any, Any]:
-  """(tx, schedule, jitted `(params, opt_state, grads) -> (params, opt_state)`) of the
-  training optimiser (`train.make_model_optimizer`) for `t_total` updates; one per
-  (`config.model`, `config.optim`, `t_total`) in a process, so that tests stepping the same
-  model compile the update once."""
+def optimizer_step(config: Any, t_total: int) -> tuple[Any, Any, Any]:
+  """(jitted `step(params, state, grads) -> (params, state)`, the optax transformation, its lr
+  schedule) of the training optimiser (`train.make_model_optimizer`) for `t_total` updates of
+  `config.model`; one per config and `t_total`, so that the tests updating the same model
+  share one compile."""
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from prvr_jax import models, train  # pylint: disable=g-import-not-at-top
-  key = (config.model.to_json_best_effort(sort_keys=True),
-         config.optim.to_json_best_effort(sort_keys=True), t_total)
-  if key not in _OPTIMIZER_UPDATES:
+  key = (config.to_json_best_effort(sort_keys=True), t_total)
+  if key not in _OPTIMIZER_STEPS:
     tx, schedule = train.make_model_optimizer(config, models.get_spec(config.model), t_total)
 
     @jax.jit
-    def update(params, state, grads):
+    def step(params, state, grads):
       updates, state = tx.update(grads, state, params)
       return optax.apply_updates(params, updates), state
-    _OPTIMIZER_UPDATES[key] = (tx, schedule, update)
-  return _OPTIMIZER_UPDATES[key]
+    _OPTIMIZER_STEPS[key] = step, tx, schedule
+  return _OPTIMIZER_STEPS[key]
 
 
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
@@ -336,19 +335,21 @@ def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
   `params` as they are."""
   import jax  # pylint: disable=g-import-not-at-top
   from prvr_jax import convert  # pylint: disable=g-import-not-at-top
-  tx, schedule, update = optimizer_update(config, t_total)
+  step, tx, schedule = optimizer_step(config, t_total)
   assert_close(schedule(1), official_lr, rtol=1e-6)  # float32 lr: ~1 rounding
-  p1, state = update(params, tx.init(params), grads)
+  p1, state = step(params, tx.init(params), grads)
   jax.tree.map(np.testing.assert_array_equal, p1, params)  # the first update has lr 0
-  return convert.params_to_torch(jax.device_get(update(p1, state, grads)[0]), config.model.name)
+  return convert.params_to_torch(jax.device_get(step(p1, state, grads)[0]), config.model.name)
 
 
-def load_latest_params(workdir: pathlib.Path, config_path: str) -> tuple[Any, int]:
-  """(params as numpy, step) of the latest checkpoint of a train.py `workdir`."""
+def load_latest_params(workdir: pathlib.Path, config_path: str, variant: str | None = None
+                       ) -> tuple[Any, int]:
+  """(params as numpy, step) of the latest checkpoint of a train.py `workdir` trained with
+  `config_path` (and `variant`)."""
   import jax
   from prvr_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
-  params, info = checkpoint.load_params(str(workdir / 'checkpoints'), load_config(config_path),
-                                        parallel.make_mesh())
+  params, info = checkpoint.load_params(str(workdir / 'checkpoints'),
+                                        load_config(config_path, variant), parallel.make_mesh())
   return jax.tree.map(np.asarray, params), info['step']
 
 

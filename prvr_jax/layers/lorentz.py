@@ -308,18 +308,9 @@ def mid_point(x: jax.Array, weights: jax.Array | None = None) -> jax.Array:
 def clamp_max_zero(alpha: jax.Array) -> jax.Array:
   """`min(alpha, 0)` with gradient 1 everywhere: the official forward clamps the stored
   parameter in place (`scale_alpha.data = clamp(., max=0)`), then differentiates through the
-  clamped value. The stored value itself is clamped by `clamp_scale_alphas` (a train step
-  that matches the official one applies it to the parameters before each forward)."""
+  clamped value. The stored value itself is clamped after each update by the optimiser
+  (`ModelSpec.bounds`), which gives the same trajectory."""
   return alpha + jax.lax.stop_gradient(jnp.minimum(alpha, 0.0) - alpha)
-
-
-def clamp_scale_alphas(params):
-  """`params` with every `scale_alpha` leaf replaced by `min(., 0)` (the official in-place
-  clamp of `LorentzSelfAttention.scale_alpha`)."""
-  def fix(path, leaf):
-    name = getattr(path[-1], 'key', None)
-    return jnp.minimum(leaf, 0.0) if name == 'scale_alpha' else leaf
-  return jax.tree_util.tree_map_with_path(fix, params)
 
 
 class LorentzLinear(nn.Module):

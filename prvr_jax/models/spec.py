@@ -85,6 +85,11 @@ def _never(config_model: Any) -> bool:
   return False
 
 
+def _no_bounds(config_model: Any) -> tuple[tuple[str, float, float], ...]:
+  del config_model
+  return ()
+
+
 def path_of(key_path: Sequence[Any]) -> str:
   """A pytree key path as 'a/b/c'."""
   return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in key_path)
@@ -134,8 +139,9 @@ class ModelSpec:
       on its config (T-MASS on features or on pixels and tokens); None: the fields above.
     backbone: regexes on parameter paths trained at `config.optim.backbone_lr` (a pretrained
       backbone's group; 'hf_adamw' only).
-    upper_bounds: `(regex, maximum)` pairs: matching weights are clamped to the maximum after
-      every update (CLIP's logit scale); 'hf_adamw' only.
+    bounds: `config.model -> ((regex, lo, hi), ...)`: matching weights are clamped to
+      `[lo, hi]` after every update, under every optimiser (the official in-place clamps:
+      CLIP's logit scale, HLFormer's curvature and scale factors).
     fingerprint_exempt: `config.model` fields a checkpoint does not depend on (evaluation-only
       settings, the path of initial weights): changing them keeps resuming and evaluating.
     candidate_set: the stored leaf (a set `[L, D]` per video) whose vectors an approximate
@@ -165,7 +171,7 @@ class ModelSpec:
   query_inputs: tuple[str, ...] = batch_lib.QUERY_INPUTS
   input_keys: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
   backbone: tuple[str, ...] = ()
-  upper_bounds: tuple[tuple[str, float], ...] = ()
+  bounds: Callable[[Any], tuple[tuple[str, float, float], ...]] = _no_bounds
   fingerprint_exempt: tuple[str, ...] = ()
   candidate_set: str = 'clips'
   candidate_query: str | None = None
@@ -220,15 +226,19 @@ class ModelSpec:
     """True where weight decay applies (every leaf not matched by `no_decay`)."""
     return jax.tree.map(lambda exempt: not exempt, match_paths(params, self.no_decay))
 
-  def upper_bound_tree(self, params: Params) -> Any:
-    """Per-leaf maximum of `upper_bounds` (+inf where none applies), or None without bounds."""
-    if not self.upper_bounds:
+  def bound_trees(self, config_model: Any, params: Params) -> tuple[Any, Any] | None:
+    """(lower, upper): per-leaf bounds of `bounds(config_model)` (-inf / +inf where none
+    applies; the tightest where several do), or None for a model without bounds."""
+    bounds = self.bounds(config_model)
+    if not bounds:
       return None
-    def bound(path, _):
-      name = path_of(path)
-      return min((hi for pattern, hi in self.upper_bounds if re.search(pattern, name)),
-                 default=math.inf)
-    return jax.tree_util.tree_map_with_path(bound, params)
+    def matching(path) -> list[tuple[float, float]]:
+      return [(lo, hi) for pattern, lo, hi in bounds if re.search(pattern, path_of(path))]
+    lower = jax.tree_util.tree_map_with_path(
+        lambda path, _: max((lo for lo, _ in matching(path)), default=-math.inf), params)
+    upper = jax.tree_util.tree_map_with_path(
+        lambda path, _: min((hi for _, hi in matching(path)), default=math.inf), params)
+    return lower, upper
 
   def stacked_mask(self, params: Params) -> Any:
     """True where the leaf's leading axis stacks separate tensors (`stacked`)."""

@@ -30,7 +30,7 @@ def make_model_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, tot
 
   The weight-decay mask, BertAdam's per-tensor clipping groups, the backbone's lr group
   (`config.optim.backbone_lr`) and the clamped weights come from the rules the model declares
-  (`ModelSpec.no_decay`, `stacked`, `backbone`, `upper_bounds`) applied to its parameter tree.
+  (`ModelSpec.no_decay`, `stacked`, `backbone`, `bounds`) applied to its parameter tree.
   """
   shapes = spec.param_shapes(config.model)
   lr_multiplier = None
@@ -40,7 +40,7 @@ def make_model_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, tot
                                  match_paths(shapes, spec.backbone))
   tx = optim.make_gradient_transformation(
       config.optim, total_steps, spec.weight_decay_mask(shapes), spec.stacked_mask(shapes),
-      lr_multiplier=lr_multiplier, upper_bounds=spec.upper_bound_tree(shapes))
+      lr_multiplier=lr_multiplier, bounds=spec.bound_trees(config.model, shapes))
   return tx, optim.make_schedule(config.optim, total_steps)
 
 

@@ -314,10 +314,10 @@ def test_block_matches_official(official, index):
   flat_expected = jax.tree_util.tree_flatten_with_path(expected)[0]
   for (path, want), got in zip(flat_expected, jax.tree_util.tree_leaves(grad_params)):
     support.assert_close(got, want, grad_rtol, scale=scale, err_msg=jax.tree_util.keystr(path))
-  # The stored scale_alpha after the official forward is the clamped one.
-  np.testing.assert_array_equal(
-      lz.clamp_scale_alphas(params)['attention']['scale_alpha'],
-      official[f'blk{index}_param_after/self.scale_alpha'])
+  # The stored scale_alpha after the official forward is the clamped one (ours: the optimiser
+  # clamps it after each update, `ModelSpec.bounds`, tested in tests/models/test_hlformer.py).
+  np.testing.assert_array_equal(np.minimum(params['attention']['scale_alpha'], 0),
+                                official[f'blk{index}_param_after/self.scale_alpha'])
 
 
 def test_block_with_bfloat16_dense_layers_stays_near_official(official):

@@ -16,7 +16,7 @@ from prvr_jax.layers import multiscale
 from prvr_jax.models.spec import LossContext, match_paths, path_of
 import support
 
-MODELS = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'protoprvr')
+MODELS = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'protoprvr', 'hlformer')
 FRAME_LENGTHS = (16, 9, 3, 12)
 QUERY_LENGTHS = (8, 5, 2, 7, 8, 3, 6, 4)  # two queries per video
 SEEDS = np.array([11, 3, 7, 42], np.int32)  # the videos' `video_seed`
@@ -36,6 +36,7 @@ SETS = {
     'gmmformer': lambda s: {'clip': s['clips'], 'frame': s['video'][:, None]},
     'gmmformer_v2': lambda s: {'clip': s['clips'], 'frame': s['frames']},
     'protoprvr': lambda s: {b: s[f'{b}_prototypes'] for b in ('clip', 'frame')},
+    'hlformer': lambda s: {'clip': s['clips'], 'frame': s['frames']},
 }
 
 

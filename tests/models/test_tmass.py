@@ -173,7 +173,7 @@ def test_four_updates_of_the_official_optimiser():
   tx = optim.make_gradient_transformation(
       config, int(s['num_training_steps']),
       lr_multiplier=jax.tree.map(lambda c: clip_lr / head_lr if c else 1., in_clip_group),
-      upper_bounds=upper)
+      bounds=(jax.tree.map(lambda _: -np.inf, tree), upper))
   schedule = optim.make_schedule(config, int(s['num_training_steps']))
   grad_fn = jax.jit(jax.value_and_grad(_step_loss, has_aux=True), static_argnums=4)
   state = tx.init(tree)

@@ -15,13 +15,13 @@ import support
 from support import load_latest_params, read_jsonl, run_cli
 
 
-def _train_two_processes(config: str, data: str, workdir) -> None:
-  """train.py as 2 processes x 2 CPU devices with a localhost coordinator."""
+def _train_two_processes(config: str, data: str, workdir, *args: str, devices: int = 2) -> None:
+  """train.py as 2 processes x `devices` CPU devices with a localhost coordinator."""
   address = f'localhost:{support.free_port()}'
   procs = support.run_processes(
       [[str(support.REPO / 'train.py'), f'--config={config}',
         f'--config.data.dir={data}', f'--workdir={workdir}', f'--coordinator_address={address}',
-        '--num_processes=2', f'--process_id={i}'] for i in range(2)], devices=2)
+        '--num_processes=2', f'--process_id={i}', *args] for i in range(2)], devices=devices)
   for i, p in enumerate(procs):
     assert p.returncode == 0, f'process {i} failed ({p.returncode}):\n{p.stderr[-6000:]}'
 
@@ -75,6 +75,34 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, reference_run, config
                     strict=True):
       # A sum of positive O(1) terms: relative (measured <= 6.3e-8 between topologies).
       assert a['loss'] == pytest.approx(b['loss'], rel=1e-5), name
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize('model', ['hlformer', 'ral'])
+def test_newer_models_train_alike_on_two_hosts_and_on_two_devices(model, tmp_path, tiny_data,
+                                                                   xla_cache):
+  """The models whose training adds to the shared path (HLFormer: hyperbolic points and the
+  optimiser's bounds; RAL: the 'sample' rng stream and the per-video Gaussians over the
+  batch's support sets): one epoch as 2 processes x 1 device ends as 1 process x 2 devices."""
+  args = ('--config.train.num_epochs=1', '--config.eval.video_batch_size=16')
+  config = f'configs/{model}.py:tiny'
+  run_cli('train.py', f'--config={config}', f'--config.data.dir={tiny_data}',
+          f'--workdir={tmp_path / "two_devices"}', *args, cache_dir=xla_cache, devices=2)
+  _train_two_processes(config, tiny_data, tmp_path / 'two_hosts', *args, devices=1)
+  reference, step = load_latest_params(tmp_path / 'two_devices', model, 'tiny')
+  params, other_step = load_latest_params(tmp_path / 'two_hosts', model, 'tiny')
+  assert other_step == step > 0
+  largest = max(np.abs(a).max() for a in jax.tree.leaves(reference))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(reference),
+                          jax.tree.leaves(params), strict=True):
+    # The same devices and sharding; the all-reduce runs over gloo instead of in-process:
+    # float32 rounding at most, over the epoch's steps (the bound of the test above).
+    support.assert_close(b, a, rtol=1e-5, scale=max(np.abs(a).max(), 1e-3 * largest),
+                         err_msg=f'{model} {jax.tree_util.keystr(path)}')
+  reference_test = json.loads((tmp_path / 'two_devices' / 'test_metrics.json').read_text())
+  test = json.loads((tmp_path / 'two_hosts' / 'test_metrics.json').read_text())
+  for key in ('r1', 'r5', 'r10', 'r100', 'sumr', 'step'):
+    assert test[key] == pytest.approx(reference_test[key], abs=1e-6), key
 
 
 _PARALLEL_SCRIPT = r'''

@@ -202,3 +202,49 @@ def test_stacked_branches_are_clipped_per_official_tensor():
   # Not scaled: equal up to one rounding at most.
   support.assert_close(clipped['branches']['kernel'][0], stacked[0], rtol=support.f32_rtol(1))
   support.assert_close(np.linalg.norm(clipped['dense']['kernel']), 1.0, rtol=rtol)
+
+
+@pytest.mark.parametrize('name', ['bert_adam', 'adamw', 'hf_adamw'])
+def test_declared_bounds_hold_after_every_update_under_every_optimiser(name):
+  """HLFormer's bounded weights (`ModelSpec.bounds`: `curv` within a decade of `curv_init`,
+  the scale factors <= 0) are clamped after every update, as the official forward clamps the
+  stored values in place; a weight without bounds, or inside its bounds, moves freely."""
+  config = support.load_config('hlformer', 'tiny')
+  config.optim.name = name
+  spec = models.get_spec(config.model)
+  # The model's bounded leaves and one unbounded one, under their paths in the model.
+  attention = lambda: {'attention': {'scale_alpha': jnp.float32(0.)}}
+  params = {'curv': jnp.float32(np.log(10.) - 1e-4), 'textual_alpha': jnp.float32(-1e-4),
+            'video_alpha': jnp.float32(-1e-4),
+            'clip': {'encoder': {'lorentz_0': attention()},
+                     'input_proj': {'dense': {'bias': jnp.zeros(4)}}},
+            'frame': {'encoder': {'lorentz_0': attention()}}}
+  tx = optim.make_gradient_transformation(config.optim, 20,
+                                          bounds=spec.bound_trees(config.model, params))
+  # Every gradient pushes its weight up (updates of lr ~ 1e-4 per step, after the warm-up's
+  # first), except that of one scale factor, pushed down, away from its bound.
+  grads = jax.tree.map(lambda p: -jnp.ones_like(p), params)
+  grads['frame']['encoder']['lorentz_0']['attention']['scale_alpha'] = jnp.float32(1.)
+
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  state = tx.init(params)
+  for _ in range(4):
+    params, state = step(params, state, grads)
+  assert np.log(10.) * (1 - 1e-6) <= float(params['curv']) <= np.float32(np.log(10.))
+  for alpha in (params['textual_alpha'], params['video_alpha'],
+                params['clip']['encoder']['lorentz_0']['attention']['scale_alpha']):
+    assert float(alpha) == 0.0
+  assert float(params['frame']['encoder']['lorentz_0']['attention']['scale_alpha']) < 0.0
+  assert float(params['clip']['input_proj']['dense']['bias'][0]) > 1e-4  # unbounded
+
+  # The lower bound of `curv`: pushed down from just above log(1/10), it stops there.
+  params['curv'] = jnp.float32(np.log(.1) + 1e-4)
+  grads['curv'] = jnp.float32(1.)
+  state = tx.init(params)
+  for _ in range(4):
+    params, state = step(params, state, grads)
+  assert np.float32(np.log(.1)) <= float(params['curv']) <= np.log(.1) * (1 - 1e-6)

@@ -7,6 +7,8 @@ and 128 frame vectors of width 384 (245,760 bytes in float32).
 """
 
 import dataclasses
+import math
+from typing import Any
 
 from prvr_jax.models import two_branch
 from prvr_jax.models.hlformer import official
@@ -22,6 +24,17 @@ _MANIFOLD_K = ('manifold.k',) + tuple(
     for part in ('', 'lorentz_multiattention.', 'lorentz_multiattention.linear_keys.',
                  'lorentz_multiattention.linear_values.', 'lorentz_multiattention.linear_query.'))
 
+
+
+def bounds(config_model: Any) -> tuple[tuple[str, float, float], ...]:
+  """The official in-place clamps (applied there to the stored values before each forward,
+  here after each update): `curv` in `[log(curv_init / 10), log(10 curv_init)]`, the text,
+  video and Lorentz-block scale factors `<= 0`."""
+  c0 = config_model.curv_init
+  return ((r'^curv$', math.log(c0 / 10), math.log(c0 * 10)),
+          (r'(^textual_alpha|^video_alpha|/scale_alpha)$', -math.inf, 0.0))
+
+
 SPEC = dataclasses.replace(
     two_branch.spec(
         'hlformer', HLFormer, objective,
@@ -34,6 +47,7 @@ SPEC = dataclasses.replace(
                        r'/lorentz_0/attention/lorentz_attention/bias$', r'/mix_out/bias$'),
         relevance='relevance'),
     official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config,
-                                ignored=_MANIFOLD_K))
+                                ignored=_MANIFOLD_K),
+    bounds=bounds)
 
-__all__ = ['HLFormer', 'HLFormerBlock', 'SPEC', 'objective', 'partial_order_loss']
+__all__ = ['HLFormer', 'HLFormerBlock', 'SPEC', 'bounds', 'objective', 'partial_order_loss']

@@ -11,6 +11,8 @@ logit scale 1. End to end with CLIP ViT-B/32 (`msrvtt`, `didemo`, `lsmdc`): 152,
 its seed, 24,580 bytes.
 """
 
+import math
+
 from prvr_jax.models.spec import ModelSpec, OfficialCheckpoint
 from prvr_jax.models.tmass import official
 from prvr_jax.models.tmass.model import MAX_LOGIT_SCALE, TMASS, example_batch, input_keys
@@ -27,7 +29,8 @@ SPEC = ModelSpec(
     input_keys=input_keys, example_batch=example_batch,
     # CLIP (its towers and logit scale) is the backbone group (lr 1e-6); the logit scale is
     # clamped to ln 100.
-    backbone=(r'^logit_scale$', r'^(visual|text)/'), upper_bounds=((r'^logit_scale$', MAX_LOGIT_SCALE),),
+    backbone=(r'^logit_scale$', r'^(visual|text)/'),
+    bounds=lambda _: ((r'^logit_scale$', -math.inf, MAX_LOGIT_SCALE),),
     # Released checkpoints (`model_best.pth`: CLIP, X-Pool, radius).
     official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config,
                                 ignored=official.IGNORED),
