@@ -246,7 +246,7 @@ def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_f
   config = support.load_config('hlformer', 'tvr')
   config.model.update({k: v for k, v in CONFIG.items() if k != 'name'})
   assert (config.optim.lr, config.optim.weight_decay) == (official['lr'], official['wd'])
-  tx, schedule, update = support.optimizer_update(config, meta['t_total'])
+  update, tx, schedule = support.optimizer_step(config, meta['t_total'])
   start = dict(state, **{k: np.float32(v) for k, v in meta['start'].items()})
   params = jax.tree.map(jnp.asarray, convert.torch_to_params(start, 'hlformer', CONFIG))
   opt_state = tx.init(params)
