@@ -277,7 +277,7 @@ def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_f
       # ~1-4 here). The gradients agree to float32 rounding, so ours may differ by a small
       # fraction of that: 5% of the summed lrs (measured <= 0.5%, on the gradient-free biases,
       # whose gradients are rounding noise; <= 0.15% elsewhere), plus the float32 rounding of
-      # the stored values. The optimiser's own arithmetic (weight decay included, 0.3% of a
+      # the stored values. The optimiser's own arithmetic (weight decay included, under 1% of a
       # step for `curv`) is held to 1e-6 of each tensor by the BertAdam test above.
       np.testing.assert_allclose(ours[name], _official_bounded(name, theirs), rtol=1e-6,
                                  atol=0.05 * lr_sum, err_msg=f'step {k} {name}')
