@@ -1,7 +1,7 @@
 """HLFormer against the official code (tests/fixtures/hlformer/README.md): encodings, scores,
 every loss term and the gradients of their sum on one training batch, at tiny dims with
 fixed weights; the official name map and config inference on the fixture's state dict; an
-official checkpoint through evaluate.py; two BertAdam updates."""
+official checkpoint through evaluate.py; two BertAdam updates; a four-update training run."""
 
 import json
 import pathlib
