@@ -42,10 +42,14 @@ def _l2_normalize(x: jax.Array) -> jax.Array:
 
 def intra_video_similarity(clips: jax.Array, queries: jax.Array, query_mask: jax.Array
                            ) -> jax.Array:
-  """Cosine similarities of each video's queries and clips, min-max normalised per video.
+  """Cosine similarities of each video's queries and clips, min-max normalised per video:
+  `(s - min) / (max - min + 1e-8)` over the video's entries.
 
-  Padded queries count as zero vectors (cosine 0) and, as in the official code, take part in
-  each video's min and max: `(s - min) / (max - min + 1e-8)` over all `Q x C` entries.
+  The official code pads each video's queries with zero vectors to the batch's largest count
+  and takes the min and max over the padded matrix, so a video with fewer queries than that
+  also counts cosine 0 (once per clip) in its min and max; a video with the largest count does
+  not. Ours gives the same for any padding `Q >=` the largest count: padded entries are 0 and
+  take part only in the videos with fewer real queries than the batch's largest count.
 
   Args:
     clips: `[B, C, D]` clip embeddings of the B videos.
@@ -58,9 +62,14 @@ def intra_video_similarity(clips: jax.Array, queries: jax.Array, query_mask: jax
   clips, queries = upcast(clips), upcast(queries)
   cos = jnp.einsum('bqd,bcd->bqc', _l2_normalize(queries), _l2_normalize(clips),
                    precision=jax.lax.Precision.HIGHEST)
-  cos = jnp.where(query_mask.astype(bool)[:, :, None], cos, 0.0)
-  lo = jnp.min(cos, axis=(1, 2), keepdims=True)
-  hi = jnp.max(cos, axis=(1, 2), keepdims=True)
+  valid = query_mask.astype(bool)
+  cos = jnp.where(valid[:, :, None], cos, 0.0)
+  count = jnp.sum(valid, axis=1)
+  counted = (valid | (count < jnp.max(count))[:, None])[:, :, None]
+  lo = jnp.min(jnp.where(counted, cos, jnp.inf), axis=(1, 2), keepdims=True)
+  hi = jnp.max(jnp.where(counted, cos, -jnp.inf), axis=(1, 2), keepdims=True)
+  # Nothing counted (no video has a query): every entry is 0, and so is the result.
+  lo, hi = jnp.where(jnp.isfinite(lo), lo, 0.0), jnp.where(jnp.isfinite(hi), hi, 0.0)
   return (cos - lo) / (hi - lo + MINMAX_EPS)
 
 

@@ -183,6 +183,37 @@ def test_converged_solver_moves_the_requested_fraction(synthetic):
   support.assert_close(plan[:, :-1] * NUM_CLIPS, ref_plan, 1e-4)
 
 
+def ref_similarity(clips, queries, counts):
+  """The official min-max normalisation, float64: each video's queries padded with zero
+  vectors to the largest count, min and max over that padded matrix."""
+  width = max(counts)
+  out = np.zeros((len(counts), width, clips.shape[1]))
+  for b, n in enumerate(counts):
+    q = np.zeros((width, clips.shape[-1]))
+    q[:n] = queries[b, :n]
+    q /= np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+    c = clips[b] / np.linalg.norm(clips[b], axis=-1, keepdims=True)
+    cos = q @ c.T
+    out[b] = (cos - cos.min()) / (cos.max() - cos.min() + pot.MINMAX_EPS)
+  return out
+
+
+def test_min_max_counts_zero_padding_only_below_the_largest_count():
+  """All cosines positive (a shared direction), so the official zero padding moves the min of
+  the videos with fewer queries than the largest count, and only theirs, whatever Q is."""
+  counts, slots = [3, 1, 3, 2], 6
+  rng = np.random.default_rng(7)
+  shared = 3.0 * rng.normal(size=DIM)
+  clips = (rng.normal(size=(len(counts), NUM_CLIPS, DIM)) + shared).astype(np.float32)
+  queries = (rng.normal(size=(len(counts), slots, DIM)) + shared).astype(np.float32)
+  mask = np.arange(slots)[None] < np.asarray(counts)[:, None]
+  ref = ref_similarity(clips.astype(np.float64), queries.astype(np.float64), counts)
+  got = np.asarray(jax.jit(pot.intra_video_similarity)(clips, queries, mask))
+  support.assert_close(got[:, :3], ref, support.f32_rtol(DIM, ops=3))
+  for b, n in enumerate(counts):
+    assert (got[b, :n].min() > 0.05) == (n < max(counts)), b  # 0 is the real min or not
+
+
 QUANTILES = (1e-3, 0.3, 0.55, 1.0)
 
 
@@ -206,17 +237,22 @@ def test_bucket_is_the_official_kth_value(synthetic):
     pot.bucket_value(sim, mask, 0.0)
 
 
-def test_padding_content_and_extra_slots_change_nothing(synthetic):
-  clips, queries, mask, cot = synthetic
-  base, _, _ = forward(clips, queries, mask, cot, 0.1, 0.3)
+def test_padding_content_and_extra_slots_change_nothing(official):
+  """Official case a (video 0 has the batch's largest count, so no zero query in its min-max)
+  with random content in the padded slots and two more of them: the official values."""
   extra = 2
-  wider = np.concatenate([mask, np.zeros((len(COUNTS), extra), bool)], 1)
-  noisy = np.concatenate([queries, np.zeros((len(COUNTS), extra, DIM), np.float32)], 1)
-  noisy[~wider] = np.random.default_rng(6).normal(size=(int((~wider).sum()), DIM))
-  wide_cot = np.concatenate([cot, np.zeros((len(COUNTS), extra, NUM_CLIPS), np.float32)], 1)
-  got, _, _ = forward(clips, noisy, wider, wide_cot, 0.1, 0.3)
+  g = lambda key: official[f'a_{key}']  # noqa: E731
+  mask, queries, cot = g('mask').astype(bool), g('queries'), g('cotangent')
+  batch, num_queries, num_clips = cot.shape
+  wider = np.concatenate([mask, np.zeros((batch, extra), bool)], 1)
+  noisy = np.concatenate([queries, np.zeros((batch, extra, queries.shape[-1]), np.float32)], 1)
+  noisy[~wider] = np.random.default_rng(6).normal(size=(int((~wider).sum()), noisy.shape[-1]))
+  wide_cot = np.concatenate([cot, np.zeros((batch, extra, num_clips), np.float32)], 1)
+  got, (grad_c, _), _ = forward(g('clips'), noisy, wider, wide_cot, 0.1, 0.3)
+  rtol = support.f32_rtol(num_clips, ops=4)
   for key in ('bucket', 'mass'):
-    support.assert_close(got[key], base[key], PLAN_RTOL)
+    support.assert_close(got[key], g(key), rtol)
   for key in ('similarity', 'labels'):
-    support.assert_close(np.asarray(got[key])[:, :NUM_QUERIES], base[key], PLAN_RTOL)
-  np.testing.assert_array_equal(np.asarray(got['labels'])[:, NUM_QUERIES:], 0.0)
+    support.assert_close(np.asarray(got[key])[:, :num_queries], g(key), rtol)
+  np.testing.assert_array_equal(np.asarray(got['labels'])[~wider], 0.0)
+  support.assert_close(grad_c, g('grad_clips'), rtol)
