@@ -109,15 +109,26 @@ def bucket_value(similarity: jax.Array, query_mask: jax.Array,
   return jnp.where(count > 0, value, 0.0)
 
 
-def _marginals(query_mask: jax.Array, num_clips: int, dtype) -> tuple[jax.Array, jax.Array]:
-  """Log marginals: rows `1/(C + M)` per real query (padded: `MASKED_LOG_MASS`), the dustbin
-  row `C/(C + M)`; columns `1/C` per clip (M real queries, C clips; both sum to 1)."""
+def _marginals(query_mask: jax.Array, num_clips: int, dtype, query_mass: float | None = None
+               ) -> tuple[jax.Array, jax.Array]:
+  """Log marginals. Rows: the official `1/(C + M)` per real query (padded: `MASKED_LOG_MASS`)
+  and `C/(C + M)` for the dustbin, i.e. the queries take the fraction `M/(C + M)` of the mass;
+  with `query_mass = s` they take `s` instead (`s/M` each, dustbin `1 - s`). Columns: `1/C` per
+  clip. M real queries, C clips; both marginals sum to 1."""
   valid = query_mask.astype(bool)
   num_real = jnp.sum(valid, axis=1).astype(dtype)
   log_c = math.log(num_clips)
-  row_norm = -jnp.log(num_clips + num_real)                                  # [B]
+  if query_mass is None:
+    row_norm = -jnp.log(num_clips + num_real)                                # [B]
+    log_dustbin = log_c + row_norm
+  else:
+    if not 0.0 < query_mass < 1.0:
+      raise ValueError(f'query mass must be in (0, 1), got {query_mass} '
+                       '(config.model.pot_query_mass)')
+    row_norm = math.log(query_mass) - jnp.log(jnp.maximum(num_real, 1.0))
+    log_dustbin = jnp.full_like(num_real, math.log1p(-query_mass))
   real_rows = jnp.where(valid, row_norm[:, None], MASKED_LOG_MASS).astype(dtype)
-  log_mu = jnp.concatenate([real_rows, (log_c + row_norm)[:, None].astype(dtype)], axis=1)
+  log_mu = jnp.concatenate([real_rows, log_dustbin[:, None].astype(dtype)], axis=1)
   log_nu = jnp.full((valid.shape[0], num_clips), -log_c, dtype)
   return log_mu, log_nu
 
@@ -171,7 +182,7 @@ def sinkhorn_log(couplings: jax.Array, log_mu: jax.Array, log_nu: jax.Array,
 
 def partial_transport(similarity: jax.Array, bucket: jax.Array, query_mask: jax.Array,
                       epsilon: float = DEFAULT_EPSILON, num_iters: int = DEFAULT_ITERATIONS,
-                      tolerance: float = 0.0) -> jax.Array:
+                      tolerance: float = 0.0, query_mass: float | None = None) -> jax.Array:
   """The query rows of the dustbin-augmented transport plan, scaled by C (no gradient).
 
   Kernel `[similarity; bucket] / epsilon` (`[B, Q + 1, C]`), marginals of `_marginals`, then
@@ -182,8 +193,9 @@ def partial_transport(similarity: jax.Array, bucket: jax.Array, query_mask: jax.
     similarity: `[B, Q, C]` (`intra_video_similarity`).
     bucket: `[B]` dustbin score (`bucket_value`).
     query_mask: `[B, Q]`.
-    epsilon: entropic regularisation (official `pot_scale`).
+    epsilon: entropic regularisation (official `pot_scale`; may be traced).
     num_iters, tolerance: `sinkhorn_log`'s.
+    query_mass: the fraction of the mass the queries take (None: the official `M/(C + M)`).
 
   Returns:
     `[B, Q, C]` log plan (padded query rows ~ -1e9).
@@ -194,7 +206,7 @@ def partial_transport(similarity: jax.Array, bucket: jax.Array, query_mask: jax.
   couplings = jnp.concatenate(
       [similarity / epsilon, jnp.broadcast_to((bucket / epsilon)[:, None, None],
                                               (batch, 1, num_clips))], axis=1)
-  log_mu, log_nu = _marginals(query_mask, num_clips, couplings.dtype)
+  log_mu, log_nu = _marginals(query_mask, num_clips, couplings.dtype, query_mass)
   log_plan, _ = sinkhorn_log(couplings, log_mu, log_nu, num_iters, tolerance)
   return jax.lax.stop_gradient(log_plan[:, :num_queries] + math.log(num_clips))
 
@@ -211,14 +223,15 @@ def transport_labels(log_plan: jax.Array, query_mask: jax.Array
 def holmes_partial_ot(clips: jax.Array, queries: jax.Array, query_mask: jax.Array,
                       epsilon: float = DEFAULT_EPSILON,
                       bucket_quantile: float = DEFAULT_BUCKET_QUANTILE,
-                      num_iters: int = DEFAULT_ITERATIONS, tolerance: float = 0.0
-                      ) -> dict[str, jax.Array]:
+                      num_iters: int = DEFAULT_ITERATIONS, tolerance: float = 0.0,
+                      query_mass: float | None = None) -> dict[str, jax.Array]:
   """The official `BatchPOT.forward`: similarity, dustbin, plan, pseudo labels.
 
   Args:
     clips: `[B, C, D]`; queries: `[B, Q, D]`; query_mask: `[B, Q]` (see
       `intra_video_similarity`).
-    epsilon, bucket_quantile, num_iters, tolerance: the solver's (official 0.1, 0.3, 50, none).
+    epsilon, bucket_quantile, num_iters, tolerance, query_mass: the solver's (official 0.1,
+      0.3, 50, none, `M/(C + M)`).
 
   Returns:
     {'similarity': `[B, Q, C]` (differentiable), 'bucket': `[B]`, 'log_plan': `[B, Q, C]`,
@@ -227,7 +240,8 @@ def holmes_partial_ot(clips: jax.Array, queries: jax.Array, query_mask: jax.Arra
   similarity = intra_video_similarity(clips, queries, query_mask)
   detached = jax.lax.stop_gradient(similarity)
   bucket = bucket_value(detached, query_mask, bucket_quantile)
-  log_plan = partial_transport(detached, bucket, query_mask, epsilon, num_iters, tolerance)
+  log_plan = partial_transport(detached, bucket, query_mask, epsilon, num_iters, tolerance,
+                               query_mass)
   labels, mass = transport_labels(log_plan, query_mask)
   return {'similarity': similarity, 'bucket': bucket, 'log_plan': log_plan, 'labels': labels,
           'mass': mass}

@@ -3,6 +3,8 @@ tests/fixtures/holmes/README.md), a float64 numpy reference of the solver, and i
 (marginals, transported mass, pseudo labels, padding, gradients only where the official code
 has them)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,14 +157,15 @@ def test_matches_float64_reference_marginals_and_is_detached(synthetic):
                        PLAN_RTOL)
 
 
-@jax.jit
-def _converged(clips, queries, mask):
+@functools.partial(jax.jit, static_argnums=3)
+def _converged(clips, queries, mask, query_mass=None):
   """The dustbin-augmented problem solved to tolerance 1e-6 (at most 1000 iterations)."""
   sim = pot.intra_video_similarity(clips, queries, mask)
   bucket = pot.bucket_value(sim, mask)
   couplings = jnp.concatenate([sim, jnp.broadcast_to(bucket[:, None, None],
                                                      (len(COUNTS), 1, NUM_CLIPS))], 1) / 0.1
-  log_mu, log_nu = pot._marginals(mask, NUM_CLIPS, jnp.float32)  # pylint: disable=protected-access
+  log_mu, log_nu = pot._marginals(  # pylint: disable=protected-access
+      mask, NUM_CLIPS, jnp.float32, query_mass)
   return (sim, log_mu) + pot.sinkhorn_log(couplings, log_mu, log_nu, 1000, 1e-6)
 
 
@@ -181,6 +184,15 @@ def test_converged_solver_moves_the_requested_fraction(synthetic):
   # The same plan as the float64 reference run to convergence.
   _, ref_plan, _ = ref_partial_ot(sim, mask, 0.1, 0.3, 2000)
   support.assert_close(plan[:, :-1] * NUM_CLIPS, ref_plan, 1e-4)
+  # Another requested fraction: the queries take exactly it, evenly per query.
+  _, _, log_plan, iterations = _converged(clips, queries, mask, 0.6)
+  assert int(iterations) < 1000
+  plan = np.exp(np.asarray(log_plan, np.float64))
+  np.testing.assert_allclose(plan[:, :-1].sum((1, 2)), 0.6, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(plan.sum(2)[:, :-1][mask], np.repeat(0.6 / m, COUNTS), rtol=0,
+                             atol=2e-6)
+  with pytest.raises(ValueError, match='pot_query_mass'):
+    pot.partial_transport(sim, np.zeros(len(COUNTS)), mask, query_mass=1.0)
 
 
 def ref_similarity(clips, queries, counts):
