@@ -8,6 +8,8 @@
 * `moments` -- AMDNet's moment diversity and moment relevance.
 * `prototypes` -- ProtoPRVR's masked-token InfoNCE, reconstruction MSE, attention guidance and
   prototype orthogonality.
+* `partial_ot` -- Holmes's partial optimal transport (a dustbin row, log-domain Sinkhorn):
+  per-query pseudo labels over a video's clips.
 * `ral` -- RAL's proxy matching and distribution alignment of Gaussian embeddings.
 * `stochastic` -- T-MASS's symmetric cross-entropy of pooled cosine logits, support target.
 * `masking` -- the masked reductions they are written with.
@@ -20,6 +22,7 @@ from prvr_jax.losses.contrastive import clip_nce, paired_nce
 from prvr_jax.losses.matching import device_assignment, hungarian_assignment
 from prvr_jax.losses.matching import optimal_matching_loss
 from prvr_jax.losses.moments import moment_diversity_loss, moment_relevance_loss
+from prvr_jax.losses.partial_ot import holmes_partial_ot
 from prvr_jax.losses.prototypes import attention_guidance_loss, masked_token_nce
 from prvr_jax.losses.prototypes import orthogonality_loss, reconstruction_mse
 from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse_loss_v2
@@ -28,9 +31,9 @@ from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_n
 from prvr_jax.losses.stochastic import pooled_logits, support_targets, symmetric_cross_entropy
 
 __all__ = ['attention_guidance_loss', 'clip_nce', 'device_assignment',
-           'distribution_alignment_loss', 'hungarian_assignment', 'masked_token_nce',
-           'moment_diversity_loss', 'moment_relevance_loss', 'optimal_matching_loss',
-           'orthogonality_loss', 'paired_nce', 'paired_triplet_loss', 'pooled_logits',
-           'proxy_matching_loss', 'query_diverse_loss_v1', 'query_diverse_loss_v2',
-           'reconstruction_mse', 'support_targets', 'symmetric_cross_entropy', 'triplet_loss',
-           'triplet_negatives']
+           'distribution_alignment_loss', 'holmes_partial_ot', 'hungarian_assignment',
+           'masked_token_nce', 'moment_diversity_loss', 'moment_relevance_loss',
+           'optimal_matching_loss', 'orthogonality_loss', 'paired_nce', 'paired_triplet_loss',
+           'pooled_logits', 'proxy_matching_loss', 'query_diverse_loss_v1',
+           'query_diverse_loss_v2', 'reconstruction_mse', 'support_targets',
+           'symmetric_cross_entropy', 'triplet_loss', 'triplet_negatives']
