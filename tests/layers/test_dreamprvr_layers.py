@@ -162,12 +162,18 @@ def test_sample_matches_official_evaluation_path(official, diffusion, dims):
   # The same steps one at a time: the x_0 clamp is active in some entries and steps and not
   # in others (both branches, with gradients 0 and 1, are exercised), and the scan agrees.
   schedule = df.diffusion_schedule(steps)
+
+  @jax.jit
+  def one_step(x_t, t):
+    pred = module.apply(variables, x_t, t, cond)
+    recon = df.predict_start_from_noise(schedule, x_t, t, pred)
+    return df.reverse_step(schedule, x_t, t, pred, start), recon
+
   x_t, clamped, kept = start, 0, 0
   for t in range(steps - 1, -1, -1):
-    pred = module.apply(variables, x_t, jnp.asarray(t), cond)
-    recon = np.abs(np.asarray(df.predict_start_from_noise(schedule, x_t, jnp.asarray(t), pred)))
+    x_t, recon = one_step(x_t, jnp.asarray(t))
+    recon = np.abs(np.asarray(recon))
     clamped, kept = clamped + int((recon > 1).sum()), kept + int((recon < 1).sum())
-    x_t = df.reverse_step(schedule, x_t, jnp.asarray(t), pred, start)
   assert clamped > 0 and kept > 0
 
   @jax.jit
@@ -209,14 +215,14 @@ def test_sample_initialises_and_draws_from_an_explicit_rng():
   module = df.RegisterDiffusion(timesteps=4, num_layers=1)
   cond = jnp.ones((2, 3, 8))
   start = jnp.linspace(-1, 1, 48).reshape(2, 3, 8)
-  variables = module.init(jax.random.PRNGKey(0), cond, start, None, method='sample')
+  variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), cond, start, None,
+                                          method='sample'))()
   assert set(variables['params']) == {'denoiser'}
+  sample = jax.jit(lambda noise: module.apply(variables, cond, start, noise, method='sample'))
   noise = df.step_noises(jax.random.PRNGKey(1), 4, start.shape)
-  first = module.apply(variables, cond, start, noise, method='sample')
-  np.testing.assert_array_equal(module.apply(variables, cond, start, noise, method='sample'),
-                                first)
-  other = module.apply(variables, cond, start, df.step_noises(jax.random.PRNGKey(2), 4,
-                                                              start.shape), method='sample')
+  first = sample(noise)
+  np.testing.assert_array_equal(sample(noise), first)
+  other = sample(df.step_noises(jax.random.PRNGKey(2), 4, start.shape))
   assert np.abs(np.asarray(other - first)).max() > 1e-3
 
 
