@@ -20,7 +20,8 @@ step_noise=start)` is that. `step_noise` `[T, ...]` gives fresh noise per step (
 `middle_noise=None`, drawn here with `step_noises(rng, ...)`), `None` none at all.
 
 The parameters map 1:1 to the official `DiffusionMLP` state dict by
-`official_denoiser_params` / `denoiser_params_from_official`.
+`official_denoiser_params` (`OFFICIAL_DENOISER_PARAMS` at DreamPRVR's two layers) /
+`denoiser_params_from_official`.
 """
 
 from collections.abc import Mapping
@@ -320,6 +321,10 @@ def official_denoiser_params(num_layers: int) -> tuple[tuple[str, str, bool], ..
       rows.append((f'layers.{i}.{official}.weight', f'layers_{i}/{ours}/{weight}', is_linear))
       rows.append((f'layers.{i}.{official}.bias', f'layers_{i}/{ours}/bias', False))
   return tuple(rows)
+
+
+# The table of DreamPRVR's denoiser (`num_diffusion_layers = 2` in every shipped config).
+OFFICIAL_DENOISER_PARAMS = official_denoiser_params(2)
 
 
 def params_from_official(state: Mapping[str, np.ndarray],
