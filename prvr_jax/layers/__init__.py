@@ -13,6 +13,7 @@ from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, Probabilisti
 from prvr_jax.layers.prototypes import GENERATORS, PerceiverPrototypes, PrototypeCrossAttention
 from prvr_jax.layers.prototypes import SlotAttentionPrototypes
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
+from prvr_jax.layers.register_block import RegisterGaussianBlock
 from prvr_jax.layers.span_masks import SpanPredictor, span_masks
 from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_windows
 
@@ -22,8 +23,8 @@ __all__ = [
     'GPOPooling', 'InputProjection', 'KeyClipGuidedAttention', 'LorentzAttentionBlock',
     'LorentzLinear', 'LorentzMultiHeadAttention', 'LorentzSelfAttention', 'MaskedTokenDecoder',
     'MultiHeadAttention', 'PerceiverPrototypes', 'PositionalEncoding', 'ProbabilisticEmbedding',
-    'PrototypeCrossAttention', 'QueryEncoder', 'RegisterDiffusion', 'SequenceEncoder',
-    'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch', 'VideoLatentSampler',
-    'WINDOW_KINDS',
+    'PrototypeCrossAttention', 'QueryEncoder', 'RegisterDiffusion', 'RegisterGaussianBlock',
+    'SequenceEncoder', 'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch',
+    'VideoLatentSampler', 'WINDOW_KINDS',
     'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
 ]

@@ -1,6 +1,6 @@
-"""DreamPRVR's register diffusion and samplers (prvr_jax/layers/{diffusion,latent_sampler}.py):
-parity with the official modules, outputs and gradients (tests/fixtures/dreamprvr/README.md),
-and the properties the official code relies on."""
+"""DreamPRVR's register diffusion, samplers and register block (prvr_jax/layers/{diffusion,
+latent_sampler,register_block}.py): parity with the official modules, outputs and gradients
+(tests/fixtures/dreamprvr/README.md), and the properties the official code relies on."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import pytest
 import support
 from prvr_jax.layers import diffusion as df
 from prvr_jax.layers import latent_sampler as lsm
+from prvr_jax.layers import register_block as rb
 
 FIXTURE = support.FIXTURES / 'dreamprvr' / 'diffusion.npz'
 SCHEDULE_KEYS = ('betas', 'alphas_cumprod', 'alphas_cumprod_prev', 'posterior_variance',
@@ -291,3 +292,63 @@ def test_reparameterize_and_kl():
   np.testing.assert_array_equal(lsm.kl_divergence(jnp.zeros((4, 5)), jnp.zeros((4, 5))), 0.0)
   expected = -0.5 * np.sum(1 + logvar - mu**2 - np.exp(logvar)) / 2
   support.assert_close(lsm.kl_divergence(mu, logvar), expected, support.f32_rtol(10, 2))
+
+
+# ------------------------------------------------------------------------ register block
+
+
+def test_register_block_matches_official():
+  """The official `DreamPRVRBlock` (token rows only, as the official block returns them),
+  with a key mask (frame branch) and without (clip branch)."""
+  with np.load(support.FIXTURES / 'dreamprvr' / 'register_block.npz') as f:
+    official = {k: f[k] for k in f.files}
+  state = {k[len('param/'):]: v for k, v in official.items() if k.startswith('param/')}
+  num_branches = len(official['widths'])
+  widths = rb.register_widths(num_branches)
+  assert widths[0] is None
+  np.testing.assert_array_equal(widths[1:], official['widths'][1:])
+  names = set()
+  for name, _, _ in rb.OFFICIAL_REGISTER_BLOCK_PARAMS:
+    names |= ({name.replace('{k}', str(k)) for k in range(num_branches)} if '{k}' in name
+              else {name})
+  assert names == set(state)
+  params = rb.register_block_params_from_official(state, num_branches)
+  block = rb.RegisterGaussianBlock(num_heads=2, attention_num=num_branches, temperature=0.3)
+
+  @jax.jit
+  def value_and_grads(params, x, registers, mask, cotangent):
+    def f(params, x, registers):
+      out = block.apply({'params': params}, x, registers, mask)
+      return jnp.sum(out * cotangent), out
+    return jax.grad(f, argnums=(0, 1, 2), has_aux=True)(params, x, registers)
+
+  # Five branches of attention, FFN and LayerNorm over D = 8 (L + K = 11 keys), the mixer.
+  rtol = support.f32_rtol(32, 8)
+  for tag, mask in (('masked', official['mask']), ('nomask', np.ones_like(official['mask']))):
+    (g_params, g_x, g_reg), out = value_and_grads(params, official['input'],
+                                                  official['registers'], mask,
+                                                  official[f'{tag}_cotangent'])
+    support.assert_close(out, official[f'{tag}_output'], rtol, err_msg=tag)
+    support.assert_close(g_x, official[f'{tag}_grad_input'], rtol, err_msg=tag)
+    support.assert_close(g_reg, official[f'{tag}_grad_registers'], rtol, err_msg=tag)
+  # No mask at all (the clip branch's call) is the all-ones mask.
+  no_mask = jax.jit(lambda p, x, r: block.apply({'params': p}, x, r))
+  support.assert_close(no_mask(params, official['input'], official['registers']),
+                       official['nomask_output'], rtol)
+  # Parameter gradients of the masked call.
+  (g_params, _, _), _ = value_and_grads(params, official['input'], official['registers'],
+                                        official['mask'], official['masked_cotangent'])
+  stored = {k[len('masked_grad/'):]: v for k, v in official.items()
+            if k.startswith('masked_grad/')}
+  scale = max(float(np.abs(v).max()) for v in stored.values())
+  for name, path, transpose in rb.OFFICIAL_REGISTER_BLOCK_PARAMS:
+    leaf = _leaf(g_params, path)
+    for k in range(num_branches) if '{k}' in name else (None,):
+      value = leaf if k is None else leaf[k]
+      key = name if k is None else name.replace('{k}', str(k))
+      support.assert_close(value.T if transpose else value, stored[key], rtol, scale=scale,
+                           err_msg=key)
+  with pytest.raises(ValueError, match=r'clip_encoder\.layer2\.bias'):
+    rb.register_block_params_from_official(
+        {'clip_encoder.' + k: v for k, v in state.items() if k != 'layer2.bias'},
+        num_branches, prefix='clip_encoder.')
