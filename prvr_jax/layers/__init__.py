@@ -2,8 +2,10 @@
 
 from prvr_jax.layers.attention import AttentionBlockV1, AttentionBlockV2, MultiHeadAttention
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
+from prvr_jax.layers.diffusion import DiffusionMLP, RegisterDiffusion
 from prvr_jax.layers.encoders import QueryEncoder, SequenceEncoder, VideoBranch
 from prvr_jax.layers.gmm_block import AGGREGATIONS, GMMBlock
+from prvr_jax.layers.latent_sampler import GPOPooling, VideoLatentSampler
 from prvr_jax.layers.lorentz import LorentzAttentionBlock, LorentzLinear
 from prvr_jax.layers.lorentz import LorentzMultiHeadAttention, LorentzSelfAttention
 from prvr_jax.layers.multiscale import KeyClipGuidedAttention, exhaustive_clips
@@ -11,16 +13,18 @@ from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, Probabilisti
 from prvr_jax.layers.prototypes import GENERATORS, PerceiverPrototypes, PrototypeCrossAttention
 from prvr_jax.layers.prototypes import SlotAttentionPrototypes
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
+from prvr_jax.layers.register_block import RegisterGaussianBlock
 from prvr_jax.layers.span_masks import SpanPredictor, span_masks
 from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_windows
 
 __all__ = [
     'AGGREGATIONS', 'AttentionBlockV1', 'AttentionBlockV2', 'AttentionPooling',
-    'BroadcastDecoder', 'ConfidenceWeightedScores', 'GENERATORS', 'GMMBlock', 'InputProjection',
-    'KeyClipGuidedAttention', 'LorentzAttentionBlock', 'LorentzLinear',
-    'LorentzMultiHeadAttention', 'LorentzSelfAttention', 'MaskedTokenDecoder',
+    'BroadcastDecoder', 'ConfidenceWeightedScores', 'DiffusionMLP', 'GENERATORS', 'GMMBlock',
+    'GPOPooling', 'InputProjection', 'KeyClipGuidedAttention', 'LorentzAttentionBlock',
+    'LorentzLinear', 'LorentzMultiHeadAttention', 'LorentzSelfAttention', 'MaskedTokenDecoder',
     'MultiHeadAttention', 'PerceiverPrototypes', 'PositionalEncoding', 'ProbabilisticEmbedding',
-    'PrototypeCrossAttention', 'QueryEncoder', 'SequenceEncoder', 'SlotAttentionPrototypes',
-    'SpanPredictor', 'VideoBranch', 'WINDOW_KINDS',
+    'PrototypeCrossAttention', 'QueryEncoder', 'RegisterDiffusion', 'RegisterGaussianBlock',
+    'SequenceEncoder', 'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch',
+    'VideoLatentSampler', 'WINDOW_KINDS',
     'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
 ]
