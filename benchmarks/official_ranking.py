@@ -62,11 +62,11 @@ once outside the timed region and pass `noise=`. Small torch ops thrash with mor
 free cores: pass `torch_threads`.
 
 Ranking: `official_ranks` is MS-SL's `eval_q2m` (numpy), `official_ranks_torch` the
-GMMFormer / GMMFormer v2 / AMDNet / HLFormer / RAL copy of it in torch, `official_ranks_double_argsort`
-T-MASS's `t2v_metrics`; `official_top_k` answers a top-k query from the same per-query full
-argsort (the official code has no top-k path). MS-SL's evaluation also ranks its clip-only and
-frame-only matrices and computes a mAP (a second full argsort per query) for each of the three;
-these functions rank the fused matrix once.
+GMMFormer / GMMFormer v2 / AMDNet / HLFormer / RAL copy of it in torch,
+`official_ranks_double_argsort` T-MASS's `t2v_metrics`; `official_top_k` answers a top-k query
+from the same per-query full argsort (the official code has no top-k path). MS-SL's evaluation
+also ranks its clip-only and frame-only matrices and computes a mAP (a second full argsort per
+query) for each of the three; these functions rank the fused matrix once.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ def measure_point(name: str, videos: int, kernels: str | None = None,
                   cpus: Sequence[int] | None = None) -> dict[str, Any]:
   """Both sides of one model and batch size over `--rounds` rounds (on `cpus` where given);
   the official side only with the first of several `--kernels`."""
-  official = _OFFICIAL.value and kernels in (None, _KERNELS.value[0])
+  official = bool(_OFFICIAL.value) and kernels in (None, *_KERNELS.value[:1])
   sides = ('official', 'ours') if official else ('ours',)
   measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
   for index in range(_ROUNDS.value):
