@@ -26,6 +26,16 @@ both sides: `official_scores` takes the encoded queries):
   `official_ranks_torch`).
 * AMDNet (`songpipi/AMDNet`, Validations/validations.py): the clip branch of the GMMFormer
   code (it also keeps the `[b, 32, G]` clip cosines it returns), same ranking loop.
+* HLFormer (`lijun2005/ICCV25-HLFormer`, src/Models/HLFormer/model.py
+  `get_pred_from_raw_query`, src/Validations/validations.py): GMMFormer v2's structure,
+  `get_clip_scale_scores` on the 32 clips and on the 128 frames (the hyperbolic branches only
+  shape the stored vectors; scoring is Euclidean).
+* RAL (`zhanglong-ustc/RAL-PRVR`, src/Models/RAL4gmmv2/model.py `get_pred_from_raw_query`):
+  per query batch, the clip branch as GMMFormer v2's; the frame branch
+  (`get_frame_scale_scores`) re-normalises the batch's word tokens and the gallery's 128
+  frames, computes the word confidences (`text_weight_fc` on the unit tokens, a softmax over
+  real words), builds the `[b, G, Lq, 128]` word-frame cosines, multiplies by both masks,
+  maxes over frames and sums the words by their confidences. Same ranking loop.
 * ProtoPRVR: no official code exists; we use the MS-SL lineage's evaluation it builds on
   (`get_clip_scale_scores` on each branch's prototypes, MS-SL's query batch of 50).
 * T-MASS (`Jiamian-Wang/T-MASS-text-video-retrieval`, trainer/trainer_stochastic.py
@@ -52,11 +62,11 @@ once outside the timed region and pass `noise=`. Small torch ops thrash with mor
 free cores: pass `torch_threads`.
 
 Ranking: `official_ranks` is MS-SL's `eval_q2m` (numpy), `official_ranks_torch` the
-GMMFormer / GMMFormer v2 / AMDNet copy of it in torch, `official_ranks_double_argsort`
-T-MASS's `t2v_metrics`; `official_top_k` answers a top-k query from the same per-query full
-argsort (the official code has no top-k path). MS-SL's evaluation also ranks its clip-only and
-frame-only matrices and computes a mAP (a second full argsort per query) for each of the three;
-these functions rank the fused matrix once.
+GMMFormer / GMMFormer v2 / AMDNet / HLFormer / RAL copy of it in torch,
+`official_ranks_double_argsort` T-MASS's `t2v_metrics`; `official_top_k` answers a top-k query
+from the same per-query full argsort (the official code has no top-k path). MS-SL's evaluation
+also ranks its clip-only and frame-only matrices and computes a mAP (a second full argsort per
+query) for each of the three; these functions rank the fused matrix once.
 """
 
 from __future__ import annotations
@@ -84,6 +94,10 @@ OFFICIAL_QUERY_BATCH = {
     # songpipi/AMDNet Configs/{tvr,act,cha}.py: cfg['eval_query_bsz'] = 50
     # (cfg['eval_context_bsz'] = 100).
     'amdnet': 50,
+    # lijun2005/ICCV25-HLFormer and zhanglong-ustc/RAL-PRVR src/Configs/{tvr,act,cha}.py:
+    # cfg['eval_query_bsz'] = 50 (cfg['eval_context_bsz'] = 100).
+    'hlformer': 50,
+    'ral': 50,
     # No official code: MS-SL's value (the lineage's evaluation ProtoPRVR builds on).
     'protoprvr': 50,
     # Jiamian-Wang/T-MASS config/all_config.py `--batch_size` 32 batches only the text
@@ -92,7 +106,7 @@ OFFICIAL_QUERY_BATCH = {
 }
 
 # The per-model scorers below read these.
-_TWO_BRANCH = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'protoprvr')
+_TWO_BRANCH = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'hlformer', 'protoprvr')
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, as the official X-Pool uses.
 
 
@@ -190,7 +204,7 @@ def _two_branch_scores(model_name: str, params: Mapping[str, Any],
                for name in ('key', 'value')}
   elif model_name == 'gmmformer':
     gallery = {k: _tensor(stored[k]) for k in ('clips', 'video')}
-  elif model_name == 'gmmformer_v2':
+  elif model_name in ('gmmformer_v2', 'hlformer'):
     gallery = {k: _tensor(stored[k]) for k in ('clips', 'frames')}
   else:  # protoprvr
     gallery = {k: _tensor(stored[k]) for k in ('clip_prototypes', 'frame_prototypes')}
@@ -216,6 +230,29 @@ def _two_branch_scores(model_name: str, params: Mapping[str, Any],
                                     F.normalize(q, dim=-1).t()).permute(1, 0)
       else:
         frame_scores = _max_cosine(q, gallery['frames'])
+    fused.append(cfg.clip_score_weight * clip_scores + cfg.frame_score_weight * frame_scores)
+  return torch.cat(fused, dim=0).cpu().numpy().copy()
+
+
+def _ral_scores(params: Mapping[str, Any], stored: Mapping[str, np.ndarray],
+                queries: Mapping[str, Any], cfg: Any, batch: int | None) -> np.ndarray:
+  clips = _tensor(stored['clips'])
+  frames, frame_mask = _tensor(stored['frames']), _tensor(stored['frame_mask'])
+  vectors, tokens, token_mask = (_tensor(queries[k]) for k in ('query', 'tokens', 'token_mask'))
+  fc_0 = _linear(params, 'text_weight_fc/fc_0')
+  fc_2 = _linear(params, 'text_weight_fc/fc_2')
+  fused = []
+  for rows in _query_batches(vectors.shape[0], batch):
+    clip_scores = _max_cosine(vectors[rows], clips)
+    unit_tokens = F.normalize(tokens[rows], dim=-1)
+    unit_frames = F.normalize(frames, dim=-1)
+    mask = token_mask[rows]
+    weights = F.linear(F.relu(F.linear(unit_tokens, *fc_0)), *fc_2).squeeze(2)
+    weights = torch.softmax(weights.masked_fill(mask == 0, float('-inf')), dim=-1)
+    logits = torch.einsum('atd,bvd->abtv', unit_tokens, unit_frames)
+    logits = torch.einsum('abtv,at->abtv', logits, mask)
+    logits = torch.einsum('abtv,bv->abtv', logits, frame_mask)
+    frame_scores = torch.einsum('abt,at->ab', logits.max(dim=-1)[0], weights)
     fused.append(cfg.clip_score_weight * clip_scores + cfg.frame_score_weight * frame_scores)
   return torch.cat(fused, dim=0).cpu().numpy().copy()
 
@@ -389,10 +426,12 @@ def official_scores(model_name: str, params: dict, stored: dict[str, np.ndarray]
   """[Q, G] float32 fused scores computed as the official evaluation does, in torch (CPU).
 
   Args:
-    model_name: 'ms_sl', 'gmmformer', 'gmmformer_v2', 'amdnet', 'protoprvr' or 'tmass'.
+    model_name: 'ms_sl', 'gmmformer', 'gmmformer_v2', 'amdnet', 'protoprvr', 'hlformer',
+      'ral' or 'tmass'.
     params: our Flax params tree (`spec.init_params(...)` or a checkpoint's).
     stored: our `encode_videos` output as numpy, leading axis G.
-    queries: our `encode_queries` output as numpy (`[Q, D]`; ProtoPRVR {'clip', 'frame'}).
+    queries: our `encode_queries` output as numpy (`[Q, D]`; ProtoPRVR {'clip', 'frame'};
+      RAL {'query', 'tokens', 'token_mask'}).
     config_model: the config's `model` section.
     query_batch_size: queries scored together; None: `OFFICIAL_QUERY_BATCH[model_name]`
       (T-MASS: all at once, as official; a number then bounds its `[G, T, D]` memory).
@@ -419,6 +458,8 @@ def official_scores(model_name: str, params: dict, stored: dict[str, np.ndarray]
                                 query_batch_size)
     if model_name == 'amdnet':
       return _amdnet_scores(stored, np.asarray(queries), query_batch_size)
+    if model_name == 'ral':
+      return _ral_scores(params, stored, queries, config_model, query_batch_size)
     return _tmass_scores(params, stored, np.asarray(queries), config_model, query_batch_size,
                          noise, sampling_key, query_video)
 

@@ -12,10 +12,11 @@ imported inside `make_step` only.
 What `step()` runs, as each official training loop does per batch (progress bars, loss
 meters and log writes left out):
 
-* GMMFormer, GMMFormer v2, AMDNet (`train_one_epoch` of src/main.py, AMDNet main.py): the
-  loss's `use_hard_negative` flag set from the official `hard_negative_start_epoch` on
-  (AMDNet's loss never reads it), `model.train()`, `zero_grad`, the forward on the batch
-  dict, the official criterion (`Losses.builder.get_losses`), `backward`, the step of the
+* GMMFormer, GMMFormer v2, AMDNet, HLFormer, RAL (`train_one_epoch` of src/main.py, AMDNet
+  main.py): the loss's `use_hard_negative` flag set from the official
+  `hard_negative_start_epoch` on (AMDNet's loss never reads it), `model.train()`, `zero_grad`,
+  the forward on the batch dict, the official criterion (`Losses.builder.get_losses`; RAL's
+  returns the loss with a dict of its terms, the loss is taken), `backward`, the step of the
   optimiser from `Opts.builder.get_opts` (BertAdam, warmup_linear; it clips each parameter
   tensor's gradient to norm 1 itself, the loop adds no clipping).
 * MS-SL (method/train.py `train_epoch`): `model.set_hard_negative(True, hard_pool_size)` from
@@ -45,13 +46,17 @@ Runtime shims (no file under PATH is edited):
   root); modules of the same top-level names loaded from elsewhere are dropped first.
 * `ipdb`, `seaborn`, `matplotlib`, `matplotlib.pyplot`: imported, never used on these paths;
   empty modules when not installed. T-MASS's `ujson` is the standard `json` when missing.
-* CPU-only torch: `Tensor.cuda` and `Module.cuda` become the identity (the GMMFormer windows
-  and AMDNet's `mask_div` call `.cuda()` in the step). With CUDA the code runs as released,
-  on the GPU (model and batch moved with `.cuda()`, as the official mains do; T-MASS's
-  trainer moves them itself).
+  HLFormer's Lorentz layers import `geoopt` (not in its requirements.txt; 0.5.1 runs it; not
+  stubbed: its Lorentz manifold runs in the step) and the GMM-lineage builders `easydict`:
+  both must be importable.
+* CPU-only torch: `Tensor.cuda` and `Module.cuda` become the identity (the GMMFormer windows,
+  HLFormer's and RAL's windows and query-diversity loss, and AMDNet's `mask_div` call `.cuda()`
+  in the step). With CUDA the code runs as released, on the GPU (model and batch moved with
+  `.cuda()`, as the official mains do; T-MASS's trainer moves them itself).
 * `Configs/tvr.py` creates its result folders on import (GMMFormer's under the absolute
-  `/data1/...`): it is imported in a throwaway cwd with `os.makedirs` a no-op, and its `cfg`
-  dict copied (`get_cfg_defaults`, which writes a yaml, is not called).
+  `/data1/...`, HLFormer's `/data2/...`): it is imported in a throwaway cwd with
+  `os.makedirs` a no-op, and its `cfg` dict copied (`get_cfg_defaults`, which writes a yaml,
+  is not called).
 * MS-SL: `MS_SL_Net.forward` passes a `cross` keyword that `get_pred_from_raw_query` does not
   take (TypeError as released): the method is wrapped to drop it (it is read nowhere). The
   options are do_tvr.sh's: method/config.py's parser (`BaseOptions().initialize()`; `parse`,
@@ -75,13 +80,15 @@ Runtime shims (no file under PATH is edited):
   placeholder of `_STEPS_PER_EPOCH` batches (the lr value does not change the cost).
 
 The config: our `config.model` fields map onto the official ones (dims, heads, lengths,
-dropouts, v2's `sft_factor`, T-MASS's width, frames, heads, dropout and prior;
+dropouts, v2's, RAL's and HLFormer's `sft_factor`, HLFormer's Lorentz width, attention
+count and curvature, T-MASS's width, frames, heads, dropout and prior;
 `visual_feat_dim`, which the official code reads off the features); given the full config,
 `loss` and `optim` map too (loss weights, margin, hard-negative epoch and pool, lr, warmup;
 T-MASS also the support weight, weight decay and CLIP lr). A field without an official
 counterpart must hold the value the official code hard-codes (e.g. the window widths, MS-SL's
-NCE weights, AMDNet's relevance weight, the 0.01 weight decay of the BertAdam groups, no text
-mass), else `make_step` raises; fields the training step never reads are listed in `_IGNORED`.
+NCE weights, AMDNet's relevance weight, RAL's sample count and MIL / KL weights, the 0.01
+weight decay of the BertAdam groups, no text mass), else `make_step` raises; fields the
+training step never reads are listed in `_IGNORED`.
 """
 
 from collections.abc import Callable, Mapping
@@ -109,6 +116,8 @@ OFFICIAL_REPOS: dict[str, str] = {
     'ms_sl': 'HuiGuanLab/ms-sl',
     'amdnet': 'songpipi/AMDNet',
     'tmass': 'Jiamian-Wang/T-MASS-text-video-retrieval',
+    'hlformer': 'lijun2005/ICCV25-HLFormer',
+    'ral': 'zhanglong-ustc/RAL-PRVR',
 }
 
 _GMM_PACKAGES = ('Configs', 'Datasets', 'Losses', 'Models', 'Opts', 'Utils', 'Validations')
@@ -124,6 +133,10 @@ _LAYOUT: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                _GMM_PACKAGES),
     'tmass': ('', ('model/clip_stochastic.py', 'trainer/trainer_stochastic.py',
                    'config/all_config.py'), ('config', 'model', 'modules', 'trainer')),
+    'hlformer': ('src', ('src/main.py', 'src/Models/HLFormer/model.py',
+                         'src/Models/onmt/lorentz.py', 'src/Configs/tvr.py'), _GMM_PACKAGES),
+    'ral': ('src', ('src/main.py', 'src/Models/RAL4gmmv2/model.py', 'src/Configs/tvr.py'),
+            _GMM_PACKAGES),
 }
 
 _STEPS_PER_EPOCH = 100
@@ -144,10 +157,16 @@ _GMM_LOSS = {
     'loss.qdl': ('loss_factor', 2), 'loss.qdl_delta': ('neg_factor', 0),
     'loss.qdl_alpha': ('neg_factor', 1),
 }
+_V2_KEYS = {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
+            'loss.om': ('loss_factor', 3), 'loss.qdl_gamma': ('neg_factor', 2)}
 _KEYS: dict[str, dict[str, Any]] = {
     'gmmformer': {**_GMM_DIMS, **_GMM_LOSS},
-    'gmmformer_v2': {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
-                     'loss.om': ('loss_factor', 3), 'loss.qdl_gamma': ('neg_factor', 2)},
+    'gmmformer_v2': _V2_KEYS,
+    'ral': _V2_KEYS,
+    'hlformer': {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
+                 'loss.partial_order': ('loss_factor', 3), 'loss.qdl_gamma': ('neg_factor', 2),
+                 'model.lorentz_dim': 'lorentz_dim', 'model.attention_num': 'attention_num',
+                 'model.curv_init': 'curv_init', 'model.learn_curv': 'learn_curv_bool'},
     # MS-SL: attributes of the method/config.py options.
     'ms_sl': {**_GMM_DIMS, 'model.clip_score_weight': 'clip_scale_w',
               'model.frame_score_weight': 'frame_scale_w', 'loss.margin': 'margin',
@@ -177,15 +196,24 @@ _KEYS: dict[str, dict[str, Any]] = {
 _NO_TEXT_MASS = {'model.stochastic_text': False, 'loss.stochastic_support': 0.0}
 _BERT_ADAM = {'optim.name': 'bert_adam', 'optim.schedule': 'warmup_linear',
               'optim.max_grad_norm': 1.0, 'optim.weight_decay': 0.01}
+_V2_FIXED = {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
+             'model.widths': (None, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0),
+             'model.aggregation': 'temporal_consolidation', 'model.num_clips': 32,
+             'model.max_frames': 128}
 _FIXED: dict[str, dict[str, Any]] = {
     'gmmformer': {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
                   'model.widths': (None, 0.5, 1.0, 5.0), 'model.aggregation': 'average',
                   'model.temperature': 1.0, 'model.frame_window_length': 'batch_max'},
     # DyGMMBlock hard-codes 32 clips and 128 frames (`frame_len`), encode_context pads to 128.
-    'gmmformer_v2': {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
-                     'model.widths': (None, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0),
-                     'model.aggregation': 'temporal_consolidation', 'model.num_clips': 32,
-                     'model.max_frames': 128},
+    'gmmformer_v2': _V2_FIXED,
+    # RAL4GMMV2_Net: v2's blocks, 6 samples per distribution, 26 support slots per token;
+    # Losses/loss.py weighs the MIL and KL terms 4e-3 and 2.5e-4.
+    'ral': {**_V2_FIXED, 'model.num_samples': 6, 'model.support_slots': 26,
+            'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4},
+    # HLFormer's blocks hard-code 32 clips and 128 frames (`frame_len`, encode_context pads);
+    # its loss has no OT term.
+    'hlformer': {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.num_clips': 32, 'model.max_frames': 128,
+                 'loss.om': 0.0},
     'ms_sl': {**_NO_TEXT_MASS, **_BERT_ADAM, 'loss.clip_nce': 0.02, 'loss.frame_nce': 0.04,
               'loss.qdl': 0.0, 'loss.om': 0.0},
     'amdnet': {**_BERT_ADAM, 'model.max_query_len': 1, 'loss.moment_diversity_alpha': 0.15,
@@ -204,6 +232,8 @@ _IGNORED: dict[str, tuple[str, ...]] = {
     'gmmformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC,
     # Either solver finds scipy's assignment (tests/losses/test_matching.py).
     'gmmformer_v2': ('model.name', 'optim.backbone_lr', 'loss.om_solver') + _STOCHASTIC,
+    'ral': ('model.name', 'optim.backbone_lr', 'loss.om_solver') + _STOCHASTIC,
+    'hlformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC,
     'ms_sl': ('model.name', 'model.score_query_chunk', 'optim.backbone_lr', 'loss.qdl_delta',
               'loss.qdl_alpha', 'loss.qdl_gamma') + _STOCHASTIC,
     'amdnet': ('model.name', 'optim.backbone_lr', 'loss.qdl_delta', 'loss.qdl_alpha',
@@ -405,7 +435,11 @@ def _to_device(torch, batch: dict[str, Any]) -> dict[str, Any]:
 
 def _gmm_family(torch, name: str, source: str, config: Any, batch: Mapping[str, np.ndarray],
                 epoch: int) -> tuple[Callable[[], float], Any]:
-  """GMMFormer, GMMFormer v2 and AMDNet: the builders of their src/main.py."""
+  """GMMFormer, GMMFormer v2, AMDNet, HLFormer and RAL: the builders of their src/main.py."""
+  if name == 'hlformer' and importlib.util.find_spec('geoopt') is None:
+    raise ImportError('the official HLFormer code imports geoopt (missing from its '
+                      'requirements.txt; 0.5.1 runs it), which the Python that runs it lacks '
+                      '(--official_python): pip install geoopt==0.5.1')
   cfg = _import_config(source)
   if name == 'amdnet':
     components = importlib.import_module('Models.gmmformer.model_components_new')
@@ -431,6 +465,8 @@ def _gmm_family(torch, name: str, source: str, config: Any, batch: Mapping[str, 
     optimizer.zero_grad()
     input_list = model(official_batch)
     loss = criterion(input_list, official_batch)
+    if isinstance(loss, tuple):  # RAL's criterion: (loss, the dict of terms its loop logs)
+      loss = loss[0]
     loss.backward()
     optimizer.step()
     return loss.cpu().item()

@@ -49,8 +49,9 @@ setting. `--ours_malloc=PATH` preloads another malloc (tcmalloc) into our worker
 
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
-T-MASS-text-video-retrieval). Prints the matmul peaks measured in the same run (float32,
-without TF32 on GPUs; tensorfloat32; bfloat16), a table per model (ms/step both sides, the
+T-MASS-text-video-retrieval, ICCV25-HLFormer, RAL-PRVR; HLFormer's needs geoopt). Prints the
+matmul peaks measured in the same run (float32, without TF32 on GPUs; tensorfloat32;
+bfloat16), a table per model (ms/step both sides, the
 speed-up, matmul GFLOP/s and % of the peak of the precision ours runs at, peak memory both sides) and
 writes every number to `--output`, after every run.
 
@@ -318,7 +319,7 @@ def measure_point(name: str, videos: int, kernels: str | None = None,
                   cpus: Sequence[int] | None = None) -> dict[str, Any]:
   """Both sides of one model and batch size over `--rounds` rounds (on `cpus` where given);
   the official side only with the first of several `--kernels`."""
-  official = _OFFICIAL.value and kernels in (None, _KERNELS.value[0])
+  official = bool(_OFFICIAL.value) and kernels in (None, *_KERNELS.value[:1])
   sides = ('official', 'ours') if official else ('ours',)
   measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
   for index in range(_ROUNDS.value):
