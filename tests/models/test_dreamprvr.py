@@ -1,0 +1,161 @@
+"""DreamPRVR against the official code (tests/fixtures/dreamprvr/README.md): the registers,
+encodings and scores of the evaluation path, every loss term and the gradients of their sum on
+one training batch (the official textual-perturbation draws replayed), at tiny dims with fixed
+weights; the official name map and config inference on the fixture's state dict."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import support
+from prvr_jax import convert
+from prvr_jax.layers.latent_sampler import reparameterize
+from prvr_jax.models import registry
+from prvr_jax.models.dreamprvr import official as dream_official
+from prvr_jax.models.spec import LossContext
+
+pytestmark = pytest.mark.slow  # the model's loss and gradients compile here
+
+FIXTURES = support.FIXTURES / 'dreamprvr'
+FIXTURE = FIXTURES / 'model.npz'
+# The fixture's official config: hidden 16, 4 heads, attention_num 4, K = 3 registers, T = 10,
+# two denoiser layers, sft_factor 0.5, dropout 0, fusion 0.6 / 0.4; inputs of width 12 (video)
+# and 10 (query).
+CONFIG = dict(name='dreamprvr', hidden_dim=16, num_heads=4, attention_num=4, num_registers=3,
+              timesteps=10, num_diffusion_layers=2, temperature=0.5, dropout=0.0,
+              input_dropout=0.0, visual_dim=12, query_dim=10, max_query_len=30,
+              max_frames=128, num_clips=32, clip_score_weight=0.6, frame_score_weight=0.4)
+LOSS = ml_collections.ConfigDict(dict(
+    clip_nce=0.05, frame_nce=0.04, qdl=8e-5, qsp=0.01, kl=1e-4, dre=1e-3, qdl_delta=0.15,
+    qdl_alpha=32.0, qdl_gamma=1.0, qsp_temperature=0.09, margin=0.1, hard_pool_size=1,
+    hard_negative_start_epoch=0, om=0.0, stochastic_support=0.0))
+TERMS = ('clip_nce', 'clip_triplet', 'frame_nce', 'frame_triplet', 'qdl', 'qsp', 'kl', 'dre')
+VIDEO_KEYS = ('clip_feats', 'frame_feats', 'frame_mask')
+QUERY_KEYS = ('query_feats', 'query_mask')
+# Depth of the chain the encodings pass through (projection, positional encoding, the
+# condition encoder and query former, the latent sampler, ten chained denoiser calls whose
+# first recovers x_0 with a factor ~204, the register blocks' attention, FFN and mixing,
+# pooling), for the float32 tolerance.
+DEPTH = 64
+
+
+@pytest.fixture(scope='module')
+def fixture():
+  data = np.load(FIXTURE)
+  state = {k[len('param/'):]: data[k] for k in data.files if k.startswith('param/')}
+  spec = registry.get_spec('dreamprvr')
+  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'dreamprvr', CONFIG))
+  return data, state, spec, spec.build(ml_collections.ConfigDict(CONFIG)), params
+
+
+def _batch(data):
+  """The model's training batch from the fixture, with the official perturbation draws."""
+  batch = {k: jnp.asarray(data[k]) for k in (*VIDEO_KEYS, *QUERY_KEYS)}
+  batch['query_video'] = jnp.asarray(data['query_video'])
+  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
+  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
+  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
+  batch['perturbation_noise'] = jnp.asarray(data['perturbation_noise'])
+  return batch
+
+
+def test_config_inference_and_name_map_read_the_official_state_dict(fixture):
+  _, state, spec, _, params = fixture
+  inferred = spec.official.infer_config(state)
+  assert inferred == {k: CONFIG[k] for k in inferred}
+  assert {'attention_num', 'num_registers', 'timesteps', 'num_diffusion_layers'} <= set(inferred)
+  back = convert.params_to_torch(jax.device_get(params), 'dreamprvr')
+  assert set(back) == set(state)  # the frozen time table included
+  for name, value in back.items():
+    np.testing.assert_array_equal(value, state[name], err_msg=name)
+  assert len(dream_official.names(params)) == len(jax.tree.leaves(params))
+  with pytest.raises(ValueError, match='diffusion_mlp.time_embedding.timembedding.0.weight'):
+    spec.official.infer_config({k: v for k, v in state.items() if 'timembedding.0' not in k})
+
+
+def test_registers_encodings_and_scores_equal_the_official(fixture):
+  data, _, _, module, params = fixture
+  batch = _batch(data)
+
+  @jax.jit
+  def run(params):
+    variables = {'params': params}
+    videos = module.apply(variables, {k: batch[k] for k in VIDEO_KEYS}, method='encode_videos')
+    queries = module.apply(variables, {k: batch[k] for k in QUERY_KEYS},
+                           method='encode_queries')
+
+    def registers(m):
+      clips = m.clip.embed(batch['clip_feats'])
+      context = m.condition_encoder(clips)
+      condition = m.query_former(context)
+      mu, logvar = m.video_sampler(context)
+      start = reparameterize(mu, logvar, m.num_registers, None)
+      return m.diffusion.sample(condition, start, start), condition, mu, logvar
+    return (videos, queries, module.apply(variables, queries, videos, method='score'),
+            module.apply(variables, method=registers))
+
+  videos, queries, scores, (registers, condition, mu, logvar) = run(params)
+  rtol = support.f32_rtol(128, ops=DEPTH)
+  for name, ours in (('registers', registers), ('condition', condition), ('mu', mu),
+                     ('logvar', logvar)):
+    support.assert_close(ours, data[f'eval_{name}'], rtol, err_msg=name)
+  support.assert_close(videos['clips'], data['enc_clips'], rtol, err_msg='clips')
+  support.assert_close(videos['frames'], data['enc_frames'], rtol, err_msg='frames')
+  support.assert_close(queries, data['enc_queries'], rtol, err_msg='queries')
+  support.assert_close(scores, data['scores'], rtol, err_msg='scores')
+  np.testing.assert_array_equal(np.argsort(-np.asarray(scores), axis=1),
+                                np.argsort(-data['scores'], axis=1))
+  # Evaluation has no randomness: a second run gives the same bits.
+  again = run(params)
+  jax.tree.map(np.testing.assert_array_equal, again[0], videos)
+
+
+@pytest.fixture(scope='module')
+def loss_and_grads(fixture):
+  """`((total, terms), grads)` of the objective under LOSS (hard negatives with pool 1:
+  deterministic; dropout 0; the perturbation draws from the batch) and the training forward's
+  outputs."""
+  data, _, spec, module, params = fixture
+  batch = _batch(data)
+  ctx = LossContext(loss=LOSS, epoch=jnp.int32(0), step=jnp.int32(0))
+  rngs = dict(zip(spec.rng_streams, jax.random.split(jax.random.key(0), len(spec.rng_streams))))
+
+  def loss_fn(p):
+    return spec.objective(module, p, batch, rngs, ctx)
+
+  def forward(p):
+    return module.apply({'params': p}, batch, deterministic=True)
+  return (jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params),
+          jax.jit(forward)(params))
+
+
+def test_every_loss_term_equals_the_official(fixture, loss_and_grads):
+  data, *_ = fixture
+  ((loss, terms), _), outputs = loss_and_grads
+  assert set(terms) == set(TERMS)
+  rtol = support.f32_rtol(128, ops=DEPTH)
+  for name in TERMS:
+    support.assert_close(terms[name], data[f'loss/{name}'], rtol, err_msg=name)
+  support.assert_close(loss, data['loss/total'], rtol)
+  for ours, theirs in (('queries_aux', 'train_queries'), ('mu', 'train_mu'),
+                       ('logvar', 'train_logvar'), ('noise_pred', 'train_noise_pred'),
+                       ('clip_logits', 'train_clip_logits'),
+                       ('frame_logits', 'train_frame_logits')):
+    support.assert_close(outputs[ours], data[theirs], rtol, err_msg=ours)
+
+
+def test_gradients_equal_the_official(fixture, loss_and_grads):
+  data, *_ = fixture
+  (_, grads) = loss_and_grads[0]
+  theirs = convert.params_to_torch(jax.device_get(grads), 'dreamprvr')
+  table = 'diffusion_mlp.time_embedding.timembedding.0.weight'
+  assert f'grad/{table}' not in data.files  # frozen officially: no gradient
+  assert not np.any(theirs.pop(table))  # ours: stopped
+  scale = max(float(np.abs(data[f'grad/{n}']).max()) for n in theirs)
+  for name, value in theirs.items():
+    # Each gradient is held to a float32 tolerance of the largest parameter gradient: small
+    # gradients are differences of larger terms.
+    support.assert_close(value, data[f'grad/{name}'], support.f32_rtol(128, ops=4 * DEPTH),
+                         scale=scale, err_msg=name)
