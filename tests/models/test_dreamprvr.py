@@ -2,7 +2,7 @@
 encodings and scores of the evaluation path, every loss term and the gradients of their sum on
 one training batch (the official textual-perturbation draws replayed), at tiny dims with fixed
 weights; the official name map and config inference on the fixture's state dict; an official
-checkpoint through evaluate.py on the multi-batch release."""
+checkpoint through evaluate.py on the multi-batch release; two BertAdam updates."""
 
 import json
 import pathlib
@@ -201,3 +201,42 @@ def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache)
   # the sum of both scores' tolerances.
   support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
   assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'dreamprvr'
+
+
+def test_bert_adam_steps_and_weight_decay_groups(fixture):
+  """Two updates of the training optimiser (`train.make_model_optimizer`, TVR values) from the
+  official gradients of model.npz = two official BertAdam steps (the first has lr 0); the
+  decayed tensors are the official groups' (names without 'bias' / 'LayerNorm': the `norm1` /
+  `norm2` weights, the sampler's `layer_norm` and the denoiser's LayerNorms among them, the
+  GRU's `bias_*` not); the frozen time table has no gradient officially and stays as it is."""
+  data, _, spec, _, params = fixture
+  steps = np.load(FIXTURES / 'bert_adam.npz')
+  meta = json.loads(str(steps['meta']))
+  config = support.load_config('dreamprvr', 'tvr')
+  config.model.update({k: v for k, v in CONFIG.items() if k != 'name'})
+  cfg = meta['config']
+  assert (config.optim.name, config.optim.lr, config.optim.warmup_proportion,
+          config.optim.weight_decay, config.optim.max_grad_norm) == (
+              'bert_adam', cfg['lr'], cfg['lr_warmup_proportion'], cfg['wd'], 1.0)
+  table = 'diffusion_mlp.time_embedding.timembedding.0.weight'
+  mask = jax.tree.map(lambda decay, p: np.full(p.shape, float(decay), np.float32),
+                      spec.weight_decay_mask(params), params)
+  decayed = {k for k, v in convert.params_to_torch(mask, 'dreamprvr').items() if v.all()}
+  assert decayed == set(meta['decayed'])
+  assert {'clip_encoder.e_attns.0.norm1.weight', 'video_qformer.query_tokens',
+          'video_probabilistic_variational_sampler.pie_net_video.layer_norm.weight',
+          'diffusion_mlp.layers.0.blcok_in.0.weight'} <= decayed
+  assert table not in decayed
+  assert 'video_probabilistic_variational_sampler.gpo.gru.bias_ih_l0' not in decayed
+  official_grads = {k[len('grad/'):]: data[k] for k in data.files if k.startswith('grad/')}
+  official_grads[table] = np.zeros_like(data[f'param/{table}'])  # None officially
+  grads = convert.torch_to_params(official_grads, 'dreamprvr', CONFIG)
+  p2 = support.second_optimizer_step(config, params, grads, meta['t_total'], steps['step2/lr'])
+  expected = {k[len('step2/'):]: steps[k] for k in steps.files
+              if k.startswith('step2/') and k != 'step2/lr'}
+  assert set(expected) == set(p2)
+  np.testing.assert_array_equal(p2[table], data[f'param/{table}'])
+  # As tests/models/test_hlformer.py: 1e-6 of each tensor's magnitude (~8 eps) checks the
+  # ~1e-3 step to ~0.1-1% while allowing the float32 rounding of `p - lr * update`.
+  for key, value in expected.items():
+    support.assert_close(p2[key], value, 1e-6, err_msg=f'step-2 {key}')
