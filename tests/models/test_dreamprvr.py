@@ -19,6 +19,8 @@ import support
 from prvr_jax import convert
 from prvr_jax.layers.latent_sampler import reparameterize
 from prvr_jax.models import registry
+from prvr_jax.layers.latent_sampler import kl_divergence
+from prvr_jax.models.dreamprvr import mean_video_queries, noise_mse, video_kl
 from prvr_jax.models.dreamprvr import official as dream_official
 from prvr_jax.models.spec import LossContext
 
@@ -301,3 +303,23 @@ def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_f
       # test above.
       np.testing.assert_allclose(ours[name], theirs, rtol=1e-6, atol=0.05 * lr_sum,
                                  err_msg=f'step {k} {name}')
+
+
+def test_padded_videos_and_queries_leave_kl_dre_and_targets_as_they_are():
+  """KL and DRE over a batch with padded videos = the official means over the real videos;
+  the diffusion targets average each video's valid queries only."""
+  rng = np.random.default_rng(0)
+  mu, logvar = (jnp.asarray(rng.normal(size=(3, 8)), jnp.float32) for _ in range(2))
+  target = jnp.asarray(rng.normal(size=(3, 2, 8)), jnp.float32)
+  pred = jnp.asarray(rng.normal(size=(4, 3, 2, 8)), jnp.float32)
+  valid = jnp.array([True, True, False])
+  rtol = support.f32_rtol(16)
+  support.assert_close(video_kl(mu, logvar, valid), kl_divergence(mu[:2], logvar[:2]), rtol)
+  support.assert_close(noise_mse(target, pred, valid),
+                       np.mean((np.asarray(pred)[:, :2] - np.asarray(target)[None, :2]) ** 2),
+                       rtol)
+  queries = jnp.asarray(rng.normal(size=(5, 8)), jnp.float32)
+  means = mean_video_queries(queries, jnp.array([0, 0, 1, 1, 0]),
+                             jnp.array([True, True, True, False, False]), 3)
+  support.assert_close(means, np.stack([np.mean(np.asarray(queries)[:2], 0),
+                                        np.asarray(queries)[2], np.zeros(8)]), rtol)
