@@ -52,7 +52,8 @@ PER_DATASET = {
                  'loss.qsp_temperature': 0.01},
     # The synthetic benchmark and the smoke run: the TVR recipe at a smaller size.
     'synthetic': {**_TVR, 'model.hidden_dim': 64, 'loss.hard_negative_start_epoch': 3},
-    'tiny': {**_TVR, 'model.hidden_dim': 32, 'model.num_registers': 2, 'model.attention_num': 3, 'model.timesteps': 3,
+    'tiny': {**_TVR, 'model.hidden_dim': 32, 'model.num_registers': 2,
+             'model.attention_num': 3, 'model.timesteps': 3,
              'loss.hard_negative_start_epoch': 1},
 }
 
