@@ -85,6 +85,7 @@ IDENTITIES = {
                                        + m.frame_score_weight * np.nanmax(c['frame cosine'], 1)),
                      slice(0, 1)),
 }
+IDENTITIES['dreamprvr'] = IDENTITIES['gmmformer_v2']  # the same stored sets and fusion
 
 
 @pytest.mark.parametrize('name', [n for n in registry.names()

@@ -158,6 +158,20 @@ def sinusoidal_table(timesteps: int, width: int) -> np.ndarray:
   return np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(timesteps, width)
 
 
+TIME_TABLE_INITS = ('sinusoid', 'normal')
+
+
+def _table_init(kind: str, timesteps: int, width: int):
+  """The time table's initialiser: 'sinusoid' (`sinusoidal_table`) or 'normal' (N(0, 0.02),
+  what the official `reset_parameters` leaves in every trained DreamPRVR)."""
+  if kind == 'sinusoid':
+    return lambda *_: jnp.asarray(sinusoidal_table(timesteps, width))
+  if kind == 'normal':
+    return lambda key, *_: 0.02 * jax.random.normal(key, (timesteps, width), jnp.float32)
+  raise ValueError(f'unknown time table init {kind!r} (config.model.time_table); '
+                   f'known: {TIME_TABLE_INITS}')
+
+
 class TimeEmbedding(nn.Module):
   """Official `TimeEmbedding`: a frozen table lookup `[T, D]` -> Dense -> swish -> Dense:
   `t [B] -> [B, features]`.
@@ -165,14 +179,16 @@ class TimeEmbedding(nn.Module):
   The table (`table`) is built sinusoidal and never trained (official
   `Embedding.from_pretrained`, frozen): its gradient is stopped here. NB the official
   `DreamPRVR_Net.reset_parameters` re-initialises every `nn.Embedding`, this table included,
-  with N(0, 0.02): a checkpoint's table is that random draw, loaded as it is.
+  with N(0, 0.02): a checkpoint's table is that random draw, loaded as it is
+  (`table_init='normal'` initialises it so).
   """
   timesteps: int
   features: int
+  table_init: str = 'sinusoid'
 
   @nn.compact
   def __call__(self, t: jax.Array, width: int) -> jax.Array:
-    table = self.param('table', lambda *_: jnp.asarray(sinusoidal_table(self.timesteps, width)))
+    table = self.param('table', _table_init(self.table_init, self.timesteps, width))
     emb = jnp.take(jax.lax.stop_gradient(jnp.asarray(table)), t, axis=0)
     return dense(self.features, 'dense_out')(swish(dense(self.features, 'dense_in')(emb)))
 
@@ -205,11 +221,13 @@ class DiffusionMLP(nn.Module):
   `cond' = Dense(relu(LN(cond)))`, `h = x_t` through `num_layers` `DiffusionBottleneck`s
   (time embedding and `cond'` into each), output `Dense(h + x_t)`. `hidden`: the inner width
   (None: D; DreamPRVR uses D). `dropout_rate`: the bottlenecks' dropout (DreamPRVR: 0).
+  `table_init`: the frozen time table's initialiser (`TimeEmbedding`).
   """
   timesteps: int
   num_layers: int = 2
   hidden: int | None = None
   dropout_rate: float = 0.0
+  table_init: str = 'sinusoid'
 
   @nn.compact
   def __call__(self, x: jax.Array, t: jax.Array, cond: jax.Array,
@@ -217,7 +235,8 @@ class DiffusionMLP(nn.Module):
     width = x.shape[-1]
     hidden = self.hidden or width
     t = jnp.broadcast_to(t, x.shape[:1])
-    temb = TimeEmbedding(self.timesteps, hidden, name='time_embedding')(t, width)
+    temb = TimeEmbedding(self.timesteps, hidden, self.table_init, name='time_embedding')(
+        t, width)
     cond = dense(hidden, 'cond_dense')(nn.relu(layer_norm('cond_norm')(cond)))
     h = x
     for i in range(self.num_layers):
@@ -233,6 +252,7 @@ class RegisterDiffusion(nn.Module):
   `__call__(x_t, t, cond)`: the predicted noise. `oversample`: training's predictions at every
   timestep. `sample`: the T reverse steps. `beta_schedule` 'cosine' (official) or 'linear';
   `clip_denoised`: the `x_0` clamp of each reverse step (official 1.0; None: none).
+  `table_init`: the denoiser's time-table initialiser (`TimeEmbedding`).
   """
   timesteps: int = 10
   num_layers: int = 2
@@ -240,11 +260,12 @@ class RegisterDiffusion(nn.Module):
   beta_schedule: str = 'cosine'
   clip_denoised: float | None = CLIP_DENOISED
   dropout_rate: float = 0.0
+  table_init: str = 'sinusoid'
 
   def setup(self):
     self.schedule = diffusion_schedule(self.timesteps, self.beta_schedule)
     self.denoiser = DiffusionMLP(self.timesteps, self.num_layers, self.hidden,
-                                 self.dropout_rate)
+                                 self.dropout_rate, self.table_init)
 
   def __call__(self, x_t: jax.Array, t: jax.Array, cond: jax.Array,
                deterministic: bool = True) -> jax.Array:

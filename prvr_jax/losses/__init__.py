@@ -3,7 +3,8 @@
 * `contrastive` -- multi-positive InfoNCE (`clip_nce`) and its paired form (`paired_nce`).
 * `ranking` -- the bidirectional triplet loss with random / hard negatives (`triplet_loss`,
   `paired_triplet_loss`).
-* `query_diversity` -- GMMFormer's query diverse losses (v1, focal v2).
+* `query_diversity` -- GMMFormer's query diverse losses (v1, focal v2), DreamPRVR's query
+  similarity preservation.
 * `matching` -- GMMFormer v2's optimal matching loss and the Hungarian host callback.
 * `moments` -- AMDNet's moment diversity and moment relevance.
 * `prototypes` -- ProtoPRVR's masked-token InfoNCE, reconstruction MSE, attention guidance and
@@ -26,6 +27,7 @@ from prvr_jax.losses.partial_ot import holmes_partial_ot
 from prvr_jax.losses.prototypes import attention_guidance_loss, masked_token_nce
 from prvr_jax.losses.prototypes import orthogonality_loss, reconstruction_mse
 from prvr_jax.losses.query_diversity import query_diverse_loss_v1, query_diverse_loss_v2
+from prvr_jax.losses.query_diversity import query_similarity_preservation_loss
 from prvr_jax.losses.ral import distribution_alignment_loss, proxy_matching_loss
 from prvr_jax.losses.ranking import paired_triplet_loss, triplet_loss, triplet_negatives
 from prvr_jax.losses.stochastic import pooled_logits, support_targets, symmetric_cross_entropy
@@ -35,5 +37,5 @@ __all__ = ['attention_guidance_loss', 'clip_nce', 'device_assignment',
            'masked_token_nce', 'moment_diversity_loss', 'moment_relevance_loss',
            'optimal_matching_loss', 'orthogonality_loss', 'paired_nce', 'paired_triplet_loss',
            'pooled_logits', 'proxy_matching_loss', 'query_diverse_loss_v1',
-           'query_diverse_loss_v2', 'reconstruction_mse', 'support_targets',
-           'symmetric_cross_entropy', 'triplet_loss', 'triplet_negatives']
+           'query_diverse_loss_v2', 'query_similarity_preservation_loss', 'reconstruction_mse',
+           'support_targets', 'symmetric_cross_entropy', 'triplet_loss', 'triplet_negatives']

@@ -124,8 +124,7 @@ class TwoBranchModel(TextMass, SharedFields):
     stochastic queries, `<branch>_support_{scores,logits}` the support queries."""
     videos = self.training_videos(batch, deterministic)
     queries = self.encode_queries(batch, deterministic)
-    # A second encoding with its own dropout mask feeds QDL and OM, as in the official code.
-    queries_aux = self.encode_queries(batch, deterministic)
+    queries_aux = self.auxiliary_queries(batch, videos, deterministic)
     own = batch['query_video']
     scored, support = self.text_mass_training(queries, videos, own, deterministic)
     out = {'queries': queries, 'queries_aux': queries_aux, 'clips': self.clip_set(videos)}
@@ -138,6 +137,14 @@ class TwoBranchModel(TextMass, SharedFields):
     out['scores'] = self.training_scores(queries, videos, out, deterministic)
     out.update(self.extra_outputs(videos, out, deterministic))
     return out
+
+  def auxiliary_queries(self, batch: Batch, videos: Mapping[str, jax.Array],
+                        deterministic: bool) -> jax.Array:
+    """The query encoding QDL and OM take (`queries_aux`): a second encoding with its own
+    dropout mask, as in the official code (DreamPRVR encodes it before its videos, in
+    `training_videos`, and takes it from there)."""
+    del videos
+    return self.encode_queries(batch, deterministic)
 
   def extra_outputs(self, videos: Mapping[str, jax.Array], out: Mapping[str, jax.Array],
                     deterministic: bool) -> dict[str, jax.Array]:

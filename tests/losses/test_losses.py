@@ -28,6 +28,8 @@ triplet_loss = jax.jit(losses.triplet_loss,
 qdl_v1 = jax.jit(jax.value_and_grad(losses.query_diverse_loss_v1))
 qdl_v2 = jax.jit(jax.value_and_grad(losses.query_diverse_loss_v2))
 om_loss = jax.jit(jax.value_and_grad(losses.optimal_matching_loss, (0, 1)))
+qsp_loss = jax.jit(jax.value_and_grad(losses.query_similarity_preservation_loss),
+                   static_argnames='temperature')
 
 
 # ----------------------------------------------------------------------------
@@ -134,6 +136,21 @@ def ref_qdl_v2(queries, labels, delta, alpha, gamma):
       total += ((1 + cos[i, j]) ** gamma
                 * np.log1p(np.exp(alpha * (cos[i, j] + delta))))
   return total / len(labels)
+
+
+def ref_qsp(queries, labels, tau):
+  """DreamPRVR's query similarity preservation, as its official loop: log-softmax over the other
+  queries, averaged over each row's positives, rows without a positive skipped."""
+  x = normalize(queries.astype(np.float64))
+  logits = x @ x.T / tau
+  rows = []
+  for i in range(len(labels)):
+    others = [j for j in range(len(labels)) if j != i]
+    positives = [j for j in others if labels[j] == labels[i]]
+    if positives:
+      log_norm = np.log(np.sum(np.exp(logits[i, others])))
+      rows.append(np.mean([logits[i, j] - log_norm for j in positives]))
+  return -np.mean(rows) if rows else 0.
 
 
 def ref_om(queries, clips, labels):
@@ -280,6 +297,25 @@ def test_query_diverse_losses_match_reference_and_ignore_padding(seed):
     value, grad = qdl_v2(padded, qv, qval, delta=0.15, alpha=32., gamma=gamma)
     support.assert_close(value, ref_qdl_v2(queries, labels, 0.15, 32., gamma), rtol=rtol)
     assert np.all(np.asarray(grad)[len(labels):] == 0)
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_query_similarity_preservation_matches_reference_and_ignores_padding(seed):
+  rng = np.random.default_rng(seed)
+  nv = 5
+  labels = ragged_labels(rng, nv, max_queries=3)  # single-query videos: rows skipped
+  queries = rng.normal(size=(len(labels), 16)).astype(np.float32)
+  qv, qval, _ = pad_batch(labels, nv)
+  for tau in (0.09, 0.01):
+    value, grad = qsp_loss(pad_rows(queries, Q_SLOTS), qv, qval, temperature=tau)
+    # Logits are cosines / tau: their absolute rounding is COS_RTOL / tau, the loss O(1 / tau).
+    support.assert_close(value, ref_qsp(queries, labels, tau), rtol=COS_RTOL,
+                         scale=1.0 / tau)
+    assert np.all(np.asarray(grad)[len(labels):] == 0) and np.abs(grad).sum() > 0
+  # No video with two queries: no positive anywhere, the loss is 0.
+  value, _ = qsp_loss(pad_rows(queries[:3], Q_SLOTS), *pad_batch(np.arange(3), 3)[:2],
+                      temperature=0.09)
+  assert value == 0.
 
 
 @pytest.mark.parametrize('alpha', [32., 200.])
