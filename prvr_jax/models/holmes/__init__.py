@@ -9,6 +9,8 @@ ActivityNet and Charades-STA 30,791,200 (GMMFormer v2's, shape for shape; the un
 (245,760 bytes in float32).
 """
 
+import dataclasses
+
 from prvr_jax.models import two_branch
 from prvr_jax.models.holmes import official
 from prvr_jax.models.holmes.model import Holmes
@@ -23,5 +25,8 @@ SPEC = two_branch.spec(
     gradient_free=(r'^query/encoder/attention/key/bias$', r'/cross/attention/key/bias$',
                    r'/mix_out/bias$', r'^weight_token$'),
     relevance='relevance')
+# The official BertAdam skips a tensor without gradient (the unused `weight_token`), weight
+# decay included: exempt from decay, its zero gradient leaves it as it is, as officially.
+SPEC = dataclasses.replace(SPEC, no_decay=SPEC.no_decay + (r'^weight_token$',))
 
 __all__ = ['Holmes', 'SPEC', 'holmes_terms', 'objective']
