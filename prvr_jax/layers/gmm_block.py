@@ -21,7 +21,8 @@ from prvr_jax.kernels import branches
 from prvr_jax.layers.attention import BLOCKS, AttentionBlockV2, dense
 from prvr_jax.layers.windows import stacked_windows
 
-AGGREGATIONS = ('average', 'weighted', 'dynamic', 'temporal_consolidation')
+AGGREGATIONS = ('average', 'weighted', 'dynamic', 'temporal_consolidation',
+                'mean_consolidation')
 # Name of the stacked branch parameters (leading axis K); per-tensor code such as BertAdam's
 # gradient clipping treats each of the K slices as one tensor.
 BRANCHES = 'branches'
@@ -56,7 +57,8 @@ class GMMBlock(nn.Module):
       x: `[B, L, D]`.
       key_mask: `[B, L]`, 1 for real positions (None: all real).
       window_length: optional `[B]` lengths that size each video's windows (v1 frame branch).
-      query_token: `[D]` learnable query of the `dynamic` / `temporal_consolidation` aggregations.
+      query_token: `[D]` learnable query of the `dynamic` / `temporal_consolidation`
+        aggregations (`mean_consolidation` ignores it).
       deterministic: disables dropout.
     """
     if self.aggregation not in AGGREGATIONS:
@@ -82,29 +84,52 @@ class GMMBlock(nn.Module):
         weights = jax.nn.softmax(logits / self.temperature)
       return branches.sum_over_branches(outputs, weights)
 
+    if self.aggregation == 'mean_consolidation':
+      return consolidate(outputs, jnp.mean(outputs, axis=(0, 2)), key_mask, self.num_heads,
+                         self.dropout_rate, self.temperature, deterministic)
     if query_token is None:
       raise ValueError(f'aggregation {self.aggregation!r} needs the learnable query token')
+    if self.aggregation == 'temporal_consolidation':
+      return consolidate(outputs, jnp.broadcast_to(query_token, (batch, width)), key_mask,
+                         self.num_heads, self.dropout_rate, self.temperature, deterministic)
+    # Dynamic: the token cross-attends over the block input once per video.
     cross = AttentionBlockV2(self.num_heads, self.dropout_rate, ffn_multiplier=1, name='cross')
-    # The learned mixtures below are float32 sums of the branch outputs too (HIGHEST), as the
+    tokens = cross(jnp.broadcast_to(query_token, (batch, 1, width)), x, key_mask,
+                   deterministic=deterministic)[:, 0]
+    logits = mix_logits(tokens, num_branches, self.dropout_rate, deterministic)  # [B, K]
+    weights = jax.nn.softmax(logits / self.temperature, axis=-1)
+    # The learned mixtures are float32 sums of the branch outputs too (HIGHEST), as the
     # activations between layers are in every precision mode.
-    if self.aggregation == 'dynamic':
-      tokens = cross(jnp.broadcast_to(query_token, (batch, 1, width)), x, key_mask,
-                     deterministic=deterministic)[:, 0]
-      logits = self._mix(tokens, num_branches, deterministic)  # [B, K]
-      weights = jax.nn.softmax(logits / self.temperature, axis=-1)
-      return jnp.einsum('kbld,bk->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
-    # Temporal consolidation: the same cross block attends over every branch output.
-    flat_outputs = outputs.reshape(num_branches * batch, length, width)
-    flat_mask = None if key_mask is None else jnp.tile(key_mask, (num_branches, 1))
-    tokens = cross(jnp.broadcast_to(query_token, (num_branches * batch, 1, width)),
-                   flat_outputs, flat_mask, deterministic=deterministic)
-    tokens = tokens.reshape(num_branches, batch, width).transpose(1, 0, 2)  # [B, K, D]
-    logits = self._mix(tokens, length, deterministic)  # [B, K, L]
-    weights = jax.nn.softmax(logits / self.temperature, axis=1)
-    return jnp.einsum('kbld,bkl->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum('kbld,bk->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
 
-  def _mix(self, tokens: jax.Array, features: int, deterministic: bool) -> jax.Array:
-    """Linear -> ReLU -> Dropout -> Linear(features), shared by the learned aggregations."""
-    hidden = nn.relu(dense(tokens.shape[-1], 'mix_hidden')(tokens))
-    hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
-    return dense(features, 'mix_out')(hidden)
+
+def mix_logits(tokens: jax.Array, features: int, dropout_rate: float, deterministic: bool
+               ) -> jax.Array:
+  """Linear (`mix_hidden`) -> ReLU -> Dropout -> Linear(features) (`mix_out`): the learned
+  aggregations' mixing MLP. Call inside a compact method: the layers belong to its module."""
+  hidden = nn.relu(dense(tokens.shape[-1], 'mix_hidden')(tokens))
+  hidden = nn.Dropout(dropout_rate)(hidden, deterministic=deterministic)
+  return dense(features, 'mix_out')(hidden)
+
+
+def consolidate(outputs: jax.Array, token: jax.Array, key_mask: jax.Array | None,
+                num_heads: int, dropout_rate: float, temperature: float, deterministic: bool
+                ) -> jax.Array:
+  """Temporal consolidation of K branch outputs `[K, B, L, D]` by a per-video token `[B, D]`:
+  one cross-attention block (`cross`, 1x FFN, keys masked by `key_mask [B, L]`) of the token
+  over each branch output, `mix_logits` -> one logit per branch and position, softmax over
+  branches of (. / temperature), the weighted sum `[B, L, D]` (float32, HIGHEST).
+
+  GMMFormer v2's TC module (a learnable token), HLFormer's and Holmes's mixing (the mean of
+  the outputs). Call inside a compact method: the layers belong to its module.
+  """
+  num_branches, batch, length, width = outputs.shape
+  cross = AttentionBlockV2(num_heads, dropout_rate, ffn_multiplier=1, name='cross')
+  flat_outputs = outputs.reshape(num_branches * batch, length, width)
+  flat_mask = None if key_mask is None else jnp.tile(key_mask, (num_branches, 1))
+  tokens = cross(jnp.tile(token[:, None], (num_branches, 1, 1)), flat_outputs, flat_mask,
+                 deterministic=deterministic)
+  tokens = tokens.reshape(num_branches, batch, width).transpose(1, 0, 2)  # [B, K, D]
+  logits = mix_logits(tokens, length, dropout_rate, deterministic)  # [B, K, L]
+  weights = jax.nn.softmax(logits / temperature, axis=1)
+  return jnp.einsum('kbld,bkl->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)

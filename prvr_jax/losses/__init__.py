@@ -9,6 +9,8 @@
 * `moments` -- AMDNet's moment diversity and moment relevance.
 * `prototypes` -- ProtoPRVR's masked-token InfoNCE, reconstruction MSE, attention guidance and
   prototype orthogonality.
+* `evidential` -- Holmes's Dirichlet (EDL) risks, their Dempster-Shafer combination, the label
+  calibration and the intra-video EDL.
 * `partial_ot` -- Holmes's partial optimal transport (a dustbin row, log-domain Sinkhorn):
   per-query pseudo labels over a video's clips.
 * `ral` -- RAL's proxy matching and distribution alignment of Gaussian embeddings.

@@ -76,11 +76,13 @@ def attention_block(path: Path, name: str, version: str) -> list[Leaf]:
           + norm(path + ('norm2',), name + '.norm2'))
 
 
-def gmm_block(path: Path, name: str, version: str, num_branches: int) -> list[Leaf]:
-  """v1 `GMMBlock` (branches only) or v2 `DyGMMBlock` (branches + temporal consolidation)."""
+def gmm_block(path: Path, name: str, version: str, num_branches: int,
+              branch: str = 'attn{k}') -> list[Leaf]:
+  """v1 `GMMBlock` (branches only) or v2 `DyGMMBlock` (branches + temporal consolidation);
+  `branch` names the k-th branch (Holmes's `DyGMMBlock`: 'e_attns.{k}')."""
   leaves = [Leaf(leaf.path, tuple(leaf.names[0].replace('{k}', str(k))
                                   for k in range(num_branches)), leaf.kind, stacked=True)
-            for leaf in attention_block(path + (BRANCHES,), name + '.attn{k}', version)]
+            for leaf in attention_block(path + (BRANCHES,), f'{name}.{branch}', version)]
   if version == 'v2':
     leaves += (attention_block(path + ('cross',), name + '.ca', 'v2')
                + dense(path + ('mix_hidden',), name + '.layer1')
@@ -121,9 +123,11 @@ def infer_dims(state_dict: Mapping[str, np.ndarray], model_name: str,
   return out
 
 
-def count_gmm_branches(state_dict: Mapping[str, np.ndarray], block_name: str) -> int:
-  """How many `attn<k>` branches the official GMM block `block_name` has."""
-  pattern = re.compile(rf'{re.escape(block_name)}\.attn(\d+)\.')
+def count_gmm_branches(state_dict: Mapping[str, np.ndarray], block_name: str,
+                       branch: str = 'attn') -> int:
+  """How many `<branch><k>` branches (`attn<k>`; Holmes `e_attns.<k>`) the official GMM block
+  `block_name` has."""
+  pattern = re.compile(rf'{re.escape(block_name)}\.{re.escape(branch)}(\d+)\.')
   return len({m.group(1) for k in state_dict if (m := pattern.match(k))})
 
 

@@ -22,7 +22,7 @@ from prvr_jax.kernels import branches
 from prvr_jax.layers import AttentionPooling, InputProjection, PositionalEncoding, QueryEncoder
 from prvr_jax.layers import lorentz
 from prvr_jax.layers.attention import AttentionBlockV2, dense
-from prvr_jax.layers.gmm_block import BRANCHES
+from prvr_jax.layers.gmm_block import BRANCHES, consolidate
 from prvr_jax.layers.windows import stacked_windows
 from prvr_jax.models.spec import Batch
 from prvr_jax.models.two_branch import FrameSet, TwoBranchModel
@@ -62,8 +62,7 @@ class HLFormerBlock(nn.Module):
   def __call__(self, x: jax.Array, key_mask: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
     widths = branch_widths(self.attention_num)
-    batch, length, width = x.shape
-    windows = stacked_windows('gaussian', widths, length)
+    windows = stacked_windows('gaussian', widths, x.shape[1])
     euclidean = nn.vmap(
         AttentionBlockV2, in_axes=(None, None, None, 0, None), out_axes=0,
         variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
@@ -76,19 +75,8 @@ class HLFormerBlock(nn.Module):
                                             w, name=f'lorentz_{i}')
       outputs.append(block(x, key_mask, deterministic)[None])
     outputs = jnp.concatenate(outputs)  # [2K, B, L, D]
-    num_branches = outputs.shape[0]
-    token = jnp.mean(outputs, axis=(0, 2))  # [B, D]
-    cross = AttentionBlockV2(self.num_heads, self.dropout_rate, ffn_multiplier=1, name='cross')
-    flat_outputs = outputs.reshape(num_branches * batch, length, width)
-    flat_mask = None if key_mask is None else jnp.tile(key_mask, (num_branches, 1))
-    tokens = cross(jnp.tile(token[:, None], (num_branches, 1, 1)), flat_outputs, flat_mask,
-                   deterministic=deterministic)
-    tokens = tokens.reshape(num_branches, batch, width).transpose(1, 0, 2)  # [B, 2K, D]
-    hidden = nn.relu(dense(width, 'mix_hidden')(tokens))
-    hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
-    logits = dense(length, 'mix_out')(hidden)  # [B, 2K, L]
-    weights = jax.nn.softmax(logits / self.temperature, axis=1)
-    return jnp.einsum('kbld,bkl->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
+    return consolidate(outputs, jnp.mean(outputs, axis=(0, 2)), key_mask, self.num_heads,
+                       self.dropout_rate, self.temperature, deterministic)
 
 
 class HyperbolicVideoBranch(nn.Module):
