@@ -7,8 +7,9 @@ ProtoPRVR).
   plug-in (`prvr_jax.models.text_mass.TextMass`, docs/text_mass_plugin.md) and RAL's
   probabilistic plug-in (`prvr_jax.models.probabilistic.ProbabilisticPlugin`, docs/ral.md).
 * `make_objective`: InfoNCE (raw dot products) + triplet (cosines) on both branches, plus the
-  model's own terms and, with the probabilistic plug-in, L_PM and L_DA; `diversity_and_matching`, GMMFormer v2's L_div and L_om, which any model
-  with a second query encoding and clip features can add.
+  model's own terms and, with the probabilistic plug-in, L_PM and L_DA;
+  `diversity_and_matching`, GMMFormer v2's L_div and L_om, which any model with a second
+  query encoding and clip features can add.
 * `spec`: their registry entry, with the official BertAdam weight-decay groups as
   parameter-path rules and the GMM blocks' stacked branches.
 """
