@@ -6,8 +6,8 @@ heads have no official names: the official converter refuses them, naming them.
 
 The jitted checks (one program per model: the suite's budget) run for the three models the
 plug-in was made for; HLFormer goes through the same training forward as GMMFormer v2
-(`FrameSet`, `TwoBranchModel.__call__`), ProtoPRVR through its own (checked once by hand with
-`COMPILED_MODELS = MODELS`: the same assertions pass)."""
+(`FrameSet`, `TwoBranchModel.__call__`), ProtoPRVR through its own (both passed a first form
+of these checks, run for all five models)."""
 
 import functools
 
