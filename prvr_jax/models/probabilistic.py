@@ -55,6 +55,9 @@ class ProbabilisticPlugin(nn.Module):
     none when the plug-in is off (the parameter tree is then unchanged)."""
     if not self.probabilistic:
       return {}
+    if self.num_samples < 1:
+      raise ValueError(f'the probabilistic plug-in needs at least one sample per Gaussian: '
+                       f'--config.model.num_samples={self.num_samples}')
     return {m: ProbabilisticEmbedding(self.hidden_dim, self.num_samples)
             for m in ('video', 'text')}
 
