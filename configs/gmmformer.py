@@ -25,7 +25,10 @@ MODEL = dict(
     # Official v1 sizes the frame-branch windows by the padded batch length ('batch_max');
     # 'static' uses max_frames for every batch.
     frame_window_length='batch_max')
-LOSS = dict(hard_pool_size=20, stochastic_support=0.0)
+# proxy_matching / distribution_alignment: the probabilistic plug-in's weights (RAL's; used
+# with --config.model.probabilistic=True, docs/ral.md).
+LOSS = dict(hard_pool_size=20, stochastic_support=0.0, proxy_matching=4e-3,
+            distribution_alignment=2.5e-4)
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
 _TVR = {'optim.lr': 3e-4, 'model.dropout': 0.2, 'model.input_dropout': 0.2,

@@ -27,8 +27,10 @@ MODEL = dict(
 # om_solver: where the optimal-matching loss solves its assignments, 'host' (scipy through
 # jax.pure_callback) or 'device' (the same algorithm in JAX: a step the persistent compilation
 # cache keeps; docs/losses.md).
+# proxy_matching / distribution_alignment: the probabilistic plug-in's weights (RAL's; used
+# with --config.model.probabilistic=True, docs/ral.md).
 LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0,
-            om_solver='host')
+            om_solver='host', proxy_matching=4e-3, distribution_alignment=2.5e-4)
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code). Evaluation
 # encodes 50 videos at a time, not 100: a video's encoding does not depend on its batch, and

@@ -26,7 +26,10 @@ from prvr_jax.models.two_branch import TwoBranchModel
 
 MODEL = dict(name='hlformer', **config_fields(TwoBranchModel), lorentz_dim=127,
              attention_num=8, curv_init=1.0, learn_curv=True)
-LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0, om=0.0)
+# proxy_matching / distribution_alignment: the probabilistic plug-in's weights (RAL's; used
+# with --config.model.probabilistic=True, docs/ral.md).
+LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0, om=0.0,
+            proxy_matching=4e-3, distribution_alignment=2.5e-4)
 
 # Official per-dataset values (src/Configs/{tvr,act,cha}.py of the official code).
 _TVR = {'optim.lr': 3e-4, 'model.temperature': 0.09, 'model.dropout': 0.2,

@@ -26,10 +26,11 @@ from prvr_jax.models.two_branch import TwoBranchModel
 # with every video of the gallery shard is materialised at once (docs/design.md).
 MODEL = dict(name='ms_sl', **config_fields(TwoBranchModel), score_query_chunk=16)
 # Official method/config.py defaults; the plug-ins are off (qdl, om = 0) with GMMFormer v2's
-# TVR settings ready for when they are switched on.
+# TVR settings ready for when they are switched on; proxy_matching / distribution_alignment:
+# the probabilistic plug-in's weights (RAL's; used with --config.model.probabilistic=True).
 LOSS = dict(margin=0.2, hard_pool_size=20, hard_negative_start_epoch=20, clip_nce=0.02,
             frame_nce=0.04, qdl=0.0, qdl_delta=0.15, qdl_alpha=32.0, qdl_gamma=1.0, om=0.0,
-            stochastic_support=0.0)
+            stochastic_support=0.0, proxy_matching=4e-3, distribution_alignment=2.5e-4)
 
 # The official evaluation encodes 200 videos a batch; a video's encoding does not depend on its
 # batch, and 50 bounds the encoder's activations (TVR's test evaluation peaks at 4.0 GB with

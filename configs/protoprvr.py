@@ -76,7 +76,8 @@ MODEL = {
 LOSS = dict(margin=0.2, hard_pool_size=20, hard_negative_start_epoch=20, use_nce=True,
             clip_nce=0.06, frame_nce=0.06, use_crecon=True, crecon=0.1, crecon_temperature=1.0,
             use_urecon=True, urecon=1.0, use_guide=True, guide=0.005, guide_margin=0.2,
-            use_ortho=True, ortho=0.01, stochastic_support=0.0)
+            use_ortho=True, ortho=0.01, stochastic_support=0.0, proxy_matching=4e-3,
+            distribution_alignment=2.5e-4)
 
 # MS-SL's recipe (the paper adopts MS-SL's settings; batch 128).
 _RECIPE = {'optim.lr': 2.5e-4, 'model.dropout': 0.1, 'model.input_dropout': 0.1,

@@ -69,9 +69,13 @@ class QueryEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, query_feats: jax.Array, query_mask: jax.Array,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, tokens: bool = False
+               ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """The pooled `[Q, D]`; with `tokens`, also the token encodings `[Q, Lq, D]` it pools
+    (the probabilistic plug-in's query support sets read them)."""
     x = _encode_sequence(self, query_feats, query_mask, deterministic)
-    return AttentionPooling(name='pooling')(x, query_mask)
+    pooled = AttentionPooling(name='pooling')(x, query_mask)
+    return (pooled, x) if tokens else pooled
 
 
 class VideoBranch(nn.Module):

@@ -4,10 +4,12 @@ ProtoPRVR).
 * `TwoBranchModel`: a query vector scored against a clip branch (max over clips) and a frame
   branch, fused `clip_score_weight * S_c + frame_score_weight * S_f`; the query branch; the
   training forward with the in-batch matrices the losses use. It lists T-MASS's "text mass"
-  plug-in (`prvr_jax.models.text_mass.TextMass`, docs/text_mass_plugin.md).
+  plug-in (`prvr_jax.models.text_mass.TextMass`, docs/text_mass_plugin.md) and RAL's
+  probabilistic plug-in (`prvr_jax.models.probabilistic.ProbabilisticPlugin`, docs/ral.md).
 * `make_objective`: InfoNCE (raw dot products) + triplet (cosines) on both branches, plus the
-  model's own terms; `diversity_and_matching`, GMMFormer v2's L_div and L_om, which any model
-  with a second query encoding and clip features can add.
+  model's own terms and, with the probabilistic plug-in, L_PM and L_DA;
+  `diversity_and_matching`, GMMFormer v2's L_div and L_om, which any model with a second
+  query encoding and clip features can add.
 * `spec`: their registry entry, with the official BertAdam weight-decay groups as
   parameter-path rules and the GMM blocks' stacked branches.
 """
@@ -22,6 +24,8 @@ import jax.numpy as jnp
 from prvr_jax import losses
 from prvr_jax.layers.gmm_block import BRANCHES
 from prvr_jax.models.fields import SharedFields
+from prvr_jax.models.probabilistic import SAMPLE_STREAM, ProbabilisticPlugin
+from prvr_jax.models.probabilistic import probabilistic_terms
 from prvr_jax.models.spec import Batch, LossContext, ModelSpec, Objective, OfficialCheckpoint
 from prvr_jax.models.spec import Params, position_scores, real_positions
 from prvr_jax.models.text_mass import TEXT_MASS_SPEC, TextMass
@@ -33,12 +37,14 @@ from prvr_jax.ops import max_similarities, max_similarity
 OFFICIAL_NO_DECAY = (r'(^|/)bias$', r'(^|/)norm/scale$')
 
 
-class TwoBranchModel(TextMass, SharedFields):
+class TwoBranchModel(TextMass, ProbabilisticPlugin, SharedFields):
   """Base of the two-branch models: the shared fields (`SharedFields`) and the score fusion
-  weights; lists the text-mass plug-in (`TextMass`, off by default). Subclasses define
-  `setup` (setting `self.query`, a `QueryEncoder`, and `self.radius =
-  self.text_mass_radius()`), `encode_videos` (returning `self.with_key(stored, videos)`),
-  `frame_similarity` and `text_mass_sets`.
+  weights; lists the text-mass plug-in (`TextMass`) and the probabilistic plug-in
+  (`ProbabilisticPlugin`), both off by default. Subclasses define `setup` (setting
+  `self.query`, a `QueryEncoder`, `self.radius = self.text_mass_radius()` and `self.prob =
+  self.probabilistic_heads()`), `encode_videos` (returning `self.with_key(stored, videos)`),
+  `frame_similarity` and `text_mass_sets`; with the probabilistic plug-in the training
+  encodings hold the encoded frames (`probabilistic_frames`).
 
   Attributes:
     clip_score_weight: the clip branch's weight in the fused score.
@@ -87,6 +93,14 @@ class TwoBranchModel(TextMass, SharedFields):
     """A query batch (`query_feats [Q, Lq, Dq]`, `query_mask [Q, Lq]`) -> `[Q, D]`."""
     return self.query(queries['query_feats'], queries['query_mask'], deterministic)
 
+  def training_queries(self, batch: Batch, deterministic: bool
+                       ) -> tuple[jax.Array, jax.Array | None]:
+    """(`encode_queries`' encoding, the query encoder's token encodings `[Q, Lq, D]` before
+    its pooling), the tokens only when the probabilistic plug-in reads them (else None)."""
+    if not self.wants_gaussians(deterministic):
+      return self.encode_queries(batch, deterministic), None
+    return self.query(batch['query_feats'], batch['query_mask'], deterministic, tokens=True)
+
   def score(self, queries: jax.Array, videos: Mapping[str, jax.Array]) -> jax.Array:
     """`[Q, B]` = clip_score_weight * max-clip cosine + frame_score_weight * frame cosine
     (with text mass: `text_mass_score`)."""
@@ -121,9 +135,10 @@ class TwoBranchModel(TextMass, SharedFields):
     """The training forward: each branch's in-batch matrices (`training_similarities`: cosines
     for the triplet terms, raw dots for InfoNCE), the fused `scores` (`training_scores`) and
     the embeddings the other terms need. With text mass the training matrices score the
-    stochastic queries, `<branch>_support_{scores,logits}` the support queries."""
+    stochastic queries, `<branch>_support_{scores,logits}` the support queries. With the
+    probabilistic plug-in, in training, `gaussians` (`probabilistic_outputs`)."""
     videos = self.training_videos(batch, deterministic)
-    queries = self.encode_queries(batch, deterministic)
+    queries, tokens = self.training_queries(batch, deterministic)
     queries_aux = self.auxiliary_queries(batch, videos, deterministic)
     own = batch['query_video']
     scored, support = self.text_mass_training(queries, videos, own, deterministic)
@@ -136,6 +151,7 @@ class TwoBranchModel(TextMass, SharedFields):
           self.training_similarities(branch, point, videos, own))
     out['scores'] = self.training_scores(queries, videos, out, deterministic)
     out.update(self.extra_outputs(videos, out, deterministic))
+    out.update(self.probabilistic_outputs(videos, tokens, batch, deterministic))
     return out
 
   def auxiliary_queries(self, batch: Batch, videos: Mapping[str, jax.Array],
@@ -221,6 +237,8 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
   With text mass and `config.loss.stochastic_support` = w > 0, each branch with support
   matrices (`<branch>_support_{scores,logits}`) adds `<branch>_support` = w * (its NCE +
   its triplet, the same weights, negatives key and schedule) of the support queries.
+  When the forward returns `gaussians` (the probabilistic plug-in), `probabilistic_terms`
+  adds `proxy_matching` and `distribution_alignment` (after the model's own terms).
   Returns (sum of the terms, the terms).
   """
   def objective(model: nn.Module, params: Params, batch: Batch, rngs: Mapping[str, jax.Array],
@@ -249,6 +267,8 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
     clip_nce, clip_triplet = retrieval('clip', 'clip')
     terms = {'clip_nce': clip_nce, 'clip_triplet': clip_triplet,
              **extra_terms(outputs, batch, cfg)}
+    if 'gaussians' in outputs:
+      terms.update(probabilistic_terms(outputs, batch, cfg))
     terms['frame_nce'], terms['frame_triplet'] = retrieval('frame', 'frame')
     if not use_nce:
       del terms['clip_nce'], terms['frame_nce']
@@ -264,13 +284,17 @@ def make_objective(extra_terms: ExtraTerms, paired_frames: bool = False) -> Obje
 def spec(name: str, module: type[nn.Module], objective: Objective, official: Any = None,
          extra_rng_streams: tuple[str, ...] = (), **fields: Any) -> ModelSpec:
   """The registry entry of a two-branch model: RNG streams 'dropout', 'negatives', the model's
-  `extra_rng_streams` and 'sampling' (text mass; last, so that adding it left the other
-  streams' keys as they were), the official BertAdam groups, GMM branches clipped one by one,
-  `text_mass.TEXT_MASS_SPEC`; with `official`, a package defining `names` and `infer_config`,
-  the official checkpoints are read. `fields` are the model's other `ModelSpec` fields."""
+  `extra_rng_streams`, 'sampling' (text mass) and, unless listed already, 'sample' (the
+  probabilistic plug-in's samples); each plug-in's stream was appended last, so that adding it
+  left the other streams' keys as they were. The official BertAdam groups, GMM branches
+  clipped one by one, `text_mass.TEXT_MASS_SPEC`; with `official`, a package defining `names`
+  and `infer_config`, the official checkpoints are read (the plug-ins' parameters have no
+  official names: `prvr_jax.convert` refuses them). `fields` are the model's other `ModelSpec`
+  fields."""
   return ModelSpec(
       name=name, module=module, objective=objective,
-      rng_streams=('dropout', 'negatives', *extra_rng_streams, 'sampling'),
+      rng_streams=('dropout', 'negatives', *extra_rng_streams, 'sampling',
+                   *(() if SAMPLE_STREAM in extra_rng_streams else (SAMPLE_STREAM,))),
       no_decay=OFFICIAL_NO_DECAY, stacked=(rf'(^|/){BRANCHES}/',),
       official=(None if official is None else
                 OfficialCheckpoint(names=official.names, infer_config=official.infer_config)),

@@ -50,12 +50,15 @@ class GMMFormer(TwoBranchModel):
     self.frame = VideoBranch(**branch)
     self.video_pooling = AttentionPooling()
     self.radius = self.text_mass_radius()
+    self.prob = self.probabilistic_heads()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True,
-                    window_length: jax.Array | None = None) -> dict[str, jax.Array]:
+                    window_length: jax.Array | None = None, frames: bool = False
+                    ) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, 128, Dv]`, `frame_mask [B, 128]`, optional
     window_length `[B]` -> {'clips': `[B, Lc, D]`, 'video': `[B, D]`}, with text mass also
-    `key [B]` (`video_seed`)."""
+    `key [B]` (`video_seed`); with `frames` also the encoded frames the video vector pools,
+    `frames [B, 128, D]` (the training encodings of the probabilistic plug-in)."""
     frame_feats, frame_mask = videos['frame_feats'], videos['frame_mask']
     if frame_feats.shape[1] != self.max_frames:
       raise ValueError(f'GMMFormer expects frames padded to {self.max_frames} '
@@ -64,9 +67,15 @@ class GMMFormer(TwoBranchModel):
       batch_max = jnp.max(jnp.sum(frame_mask, axis=-1))
       window_length = jnp.broadcast_to(batch_max, frame_mask.shape[:1])
     clips = self.clip(videos['clip_feats'], None, None, None, deterministic)
-    frames = self.frame(frame_feats, frame_mask, window_length, None, deterministic)
-    return self.with_key({'clips': clips, 'video': self.video_pooling(frames, frame_mask)},
-                         videos)
+    encoded = self.frame(frame_feats, frame_mask, window_length, None, deterministic)
+    stored = {'clips': clips, 'video': self.video_pooling(encoded, frame_mask)}
+    if frames:
+      stored['frames'] = encoded
+    return self.with_key(stored, videos)
+
+  def training_videos(self, videos: Batch, deterministic: bool) -> dict[str, jax.Array]:
+    """`encode_videos`', with the probabilistic plug-in also the encoded `frames`."""
+    return self.encode_videos(videos, deterministic, frames=self.probabilistic)
 
   def frame_similarity(self, queries: jax.Array, videos: Mapping[str, jax.Array],
                        cosine: bool) -> jax.Array:

@@ -30,8 +30,8 @@ class GMMFormerV2(FrameSet, TwoBranchModel):
     self.setup_videos()
 
   def setup_videos(self) -> None:
-    """The clip and frame branches, their shared weight token and the text-mass radius
-    (`setup`'s, also RAL's)."""
+    """The clip and frame branches, their shared weight token, the text-mass radius and the
+    probabilistic heads (`setup`'s, also RAL's)."""
     branch = dict(hidden_dim=self.hidden_dim, num_heads=self.num_heads, max_len=self.max_frames,
                   widths=self.widths, block='v2', window=self.window,
                   aggregation=self.aggregation, temperature=self.temperature,
@@ -41,6 +41,7 @@ class GMMFormerV2(FrameSet, TwoBranchModel):
     self.weight_token = self.param('weight_token', nn.initializers.normal(1.0),
                                    (self.hidden_dim,))
     self.radius = self.text_mass_radius()
+    self.prob = self.probabilistic_heads()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, 128, Dv]`, `frame_mask [B, 128]` ->

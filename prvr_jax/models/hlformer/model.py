@@ -134,6 +134,7 @@ class HLFormer(FrameSet, TwoBranchModel):
     self.textual_alpha = self.param('textual_alpha', nn.initializers.constant(alpha), ())
     self.video_alpha = self.param('video_alpha', nn.initializers.constant(alpha), ())
     self.radius = self.text_mass_radius()
+    self.prob = self.probabilistic_heads()
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, 128, Dv]`, `frame_mask [B, 128]` ->

@@ -54,6 +54,7 @@ class MSSL(TwoBranchModel):
     self.frame = SequenceEncoder(max_len=self.max_frames, **encoder)
     self.key_clip_attention = KeyClipGuidedAttention(self.hidden_dim)
     self.radius = self.text_mass_radius()
+    self.prob = self.probabilistic_heads()
 
   def training_videos(self, videos: Batch, deterministic: bool) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->

@@ -116,15 +116,20 @@ class ProtoPRVR(TwoBranchModel):
     self.clip_decoder = BroadcastDecoder(self.hidden_dim, self.num_clips)
     self.frame_decoder = BroadcastDecoder(self.hidden_dim, self.max_frames)
     self.radius = self.text_mass_radius()
+    self.prob = self.probabilistic_heads()
 
-  def _prototypes(self, videos: Batch, deterministic: bool
+  def _prototypes(self, videos: Batch, deterministic: bool, frames: bool = False
                   ) -> dict[str, tuple[jax.Array, jax.Array]]:
     """branch -> (prototypes `[B, P, D]`, attention `[B, P, L]` over the branch's positions:
-    528 multi-scale clips, or the frames)."""
+    528 multi-scale clips, or the frames); with `frames` also 'frames': the encoded frames
+    `[B, Lf, D]` the frame prototypes aggregate."""
     clips = exhaustive_clips(self.clip(videos['clip_feats'], None, deterministic))
-    frames = self.frame(videos['frame_feats'], videos['frame_mask'], deterministic)
-    return {'clip': self.clip_prototypes(clips, None, deterministic),
-            'frame': self.frame_prototypes(frames, videos['frame_mask'], deterministic)}
+    encoded = self.frame(videos['frame_feats'], videos['frame_mask'], deterministic)
+    out = {'clip': self.clip_prototypes(clips, None, deterministic),
+           'frame': self.frame_prototypes(encoded, videos['frame_mask'], deterministic)}
+    if frames:
+      out['frames'] = encoded
+    return out
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """`clip_feats [B, Lc, Dv]`, `frame_feats [B, Lf, Dv]`, `frame_mask [B, Lf]` ->
@@ -200,8 +205,10 @@ class ProtoPRVR(TwoBranchModel):
     prototype's attention on the first video of the pair (query's video, next video) and of
     the pair (previous video, query's video). Training with text mass: `<b>_scores` /
     `<b>_logits` of the stochastic queries, `<b>_support_{scores,logits}` of the support
-    queries."""
-    prototypes = self._prototypes(batch, deterministic)
+    queries. With the probabilistic plug-in, in training, `gaussians` of the encoded frames
+    and the query tokens."""
+    prototypes = self._prototypes(batch, deterministic,
+                                  frames=self.wants_gaussians(deterministic))
     tokens = self._query_tokens(batch, deterministic)
     queries = self._pool(tokens, batch['query_mask'])
     own = batch['query_video']
@@ -264,5 +271,8 @@ class ProtoPRVR(TwoBranchModel):
       best = jnp.argmax(pair_cosines, axis=-1)  # [Q, 2]
       out[f'{branch}_first_share'] = jnp.take_along_axis(first_share[pairs], best[..., None],
                                                          axis=-1)[..., 0]
+    # The probabilistic plug-in, in training: the encoded frames and the query tokens.
+    out.update(self.probabilistic_outputs({'frames': prototypes.get('frames')}, tokens, batch,
+                                          deterministic))
     return out
 

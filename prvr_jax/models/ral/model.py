@@ -14,13 +14,11 @@ from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from prvr_jax import ops
 from prvr_jax.layers.attention import BLOCKS
 from prvr_jax.layers.common import AttentionPooling, InputProjection, PositionalEncoding
-from prvr_jax.layers.probabilistic import ConfidenceWeightedScores, ProbabilisticEmbedding
-from prvr_jax.layers.probabilistic import masked_mean_pool, normalized_mean_pool, support_set
+from prvr_jax.layers.probabilistic import ConfidenceWeightedScores
 from prvr_jax.models.gmmformer_v2.model import GMMFormerV2
 from prvr_jax.models.spec import Batch
 from prvr_jax.ops import max_similarities, max_similarity
@@ -59,27 +57,25 @@ class RALQueryEncoder(nn.Module):
 
 class RAL(GMMFormerV2):
   """Attributes mirror `config.model` (see configs/ral.py): GMMFormer v2's (the fusion weights
-  default to RAL's TVR 0.5 / 0.5), plus
-
-  Attributes:
-    num_samples: K, samples per Gaussian (official 6).
-    support_slots: queries per video in its support set (official 26; more are dropped).
+  default to RAL's TVR 0.5 / 0.5) with the probabilistic plug-in always on
+  (`ProbabilisticPlugin`: `num_samples` K = 6, `support_slots` 26, the official values); its
+  query support sets read the frame-branch query tokens.
   """
   clip_score_weight: float = 0.5
   frame_score_weight: float = 0.5
-  num_samples: int = 6
-  support_slots: int = 26
+  probabilistic: bool = True
 
   def setup(self):
     if self.stochastic_text:
       raise ValueError('RAL scores its frame branch with query tokens, not one query vector, '
                        'and offers no text-mass plug-in: --config.model.stochastic_text')
+    if not self.probabilistic:
+      raise ValueError('RAL is GMMFormer v2 with its probabilistic heads always on (the '
+                       'official model holds them): --config.model.probabilistic must be True')
     self.query = RALQueryEncoder(self.hidden_dim, self.num_heads, self.max_query_len,
                                  self.dropout, self.input_dropout)
     self.setup_videos()
     self.text_weight_fc = ConfidenceWeightedScores(normalize=False)
-    self.prob_video = ProbabilisticEmbedding(self.hidden_dim, self.num_samples)
-    self.prob_text = ProbabilisticEmbedding(self.hidden_dim, self.num_samples)
 
   def encode_videos(self, videos: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """GMMFormer v2's stored sets plus `frame_mask [B, 128]` (the word-frame scores read it)."""
@@ -109,30 +105,13 @@ class RAL(GMMFormerV2):
     return self._fuse(max_similarity(queries['query'], videos['clips'], cosine=True),
                       self.word_frame_scores(queries, videos, cosine=True))
 
-  def probabilistic(self, videos: Mapping[str, jax.Array], queries: Mapping[str, jax.Array],
-                    batch: Batch, noise: Mapping[str, jax.Array] | None = None
-                    ) -> dict[str, dict[str, jax.Array]]:
-    """The two Gaussians of each video: 'video' (its frames) and 'text' (its query support
-    set), each {'mean', 'logsigma', 'samples' `[B, K, D]`}. `noise` {'video', 'text'}: the
-    standard normal `[B, K, D]` of the samples; without it they draw from the 'sample' rng."""
-    frames, frame_mask = videos['frames'], videos['frame_mask']
-    support, support_mask = support_set(
-        queries['tokens'], queries['token_mask'], batch['query_video'], batch['query_valid'],
-        frames.shape[0], self.support_slots)
-    noise = dict(noise or {})
-    if self.is_initializing() and not self.has_rng('sample'):
-      shape = (frames.shape[0], self.num_samples, self.hidden_dim)
-      noise = {k: noise.get(k, jnp.zeros(shape, frames.dtype)) for k in ('video', 'text')}
-    return {'video': self.prob_video(normalized_mean_pool(frames, frame_mask), frames,
-                                     eps=noise.get('video')),
-            'text': self.prob_text(masked_mean_pool(support, support_mask), support,
-                                   eps=noise.get('text'))}
-
   def __call__(self, batch: Batch, deterministic: bool = True,
                noise: Mapping[str, jax.Array] | None = None) -> dict[str, jax.Array]:
     """The training forward: GMMFormer v2's outputs (`queries` the clip-branch vectors; the
     frame matrices the word-frame scores) and, in training (not `deterministic`) or with
-    `noise`, `gaussians` (`probabilistic`)."""
+    `noise`, `gaussians` (`ProbabilisticPlugin.gaussians` of the frames and the frame-branch
+    query tokens; `noise` {'video', 'text'}: the standard normal `[B, K, D]` of the samples,
+    without it they draw from the 'sample' rng)."""
     videos = self.encode_videos(batch, deterministic)
     queries = self.encode_queries(batch, deterministic)
     # A second encoding with its own dropout mask feeds QDL and OM, as in the official code.
@@ -143,8 +122,9 @@ class RAL(GMMFormerV2):
     out['frame_scores'] = self.word_frame_scores(queries, videos, cosine=True)
     out['frame_logits'] = self.word_frame_scores(queries, videos, cosine=False)
     out['scores'] = self._fuse(out['clip_scores'], out['frame_scores'])
-    if not deterministic or noise is not None or self.is_initializing():
-      out['gaussians'] = self.probabilistic(videos, queries, batch, noise)
+    if self.wants_gaussians(deterministic) or noise is not None:
+      out['gaussians'] = self.gaussians(videos['frames'], videos['frame_mask'],
+                                        queries['tokens'], queries['token_mask'], batch, noise)
     return out
 
   def relevance(self, queries: Batch, videos: Batch) -> dict[str, jax.Array]:
