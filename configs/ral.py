@@ -25,7 +25,7 @@ import pathlib
 import ml_collections
 
 from prvr_jax import config_lib
-from prvr_jax.models.fields import config_fields
+from prvr_jax.models.fields import PER_VARIANT, config_fields
 from prvr_jax.models.ral.model import RAL
 
 
@@ -40,7 +40,8 @@ def _sibling(name: str):
 
 gmmformer_v2 = _sibling('gmmformer_v2')
 
-MODEL = dict(config_fields(RAL), name='ral')
+# `probabilistic` is left out: RAL's heads are always on (the module's True).
+MODEL = dict(config_fields(RAL, exclude=PER_VARIANT + ('probabilistic',)), name='ral')
 # proxy_matching / distribution_alignment: the weights of L_PM and L_DA (official 4e-3 and
 # 2.5e-4, all datasets); om_solver as in configs/gmmformer_v2.py.
 LOSS = dict(gmmformer_v2.LOSS, proxy_matching=4e-3, distribution_alignment=2.5e-4)

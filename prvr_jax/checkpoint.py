@@ -18,8 +18,9 @@ optimizer (a full state is restored partially, parameters only) and checks that 
 checkpoint holds the configured model.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from prvr_jax import config_lib
 from prvr_jax import convert
 from prvr_jax import parallel
 from prvr_jax import torch_file
@@ -55,15 +57,26 @@ class CheckpointError(ValueError):
   """A damaged, incomplete or mismatching checkpoint; the message names its folder."""
 
 
-def model_fingerprint(config_model: ml_collections.ConfigDict, spec: ModelSpec
-                      ) -> dict[str, str]:
+def model_fingerprint(config_model: ml_collections.ConfigDict, spec: ModelSpec,
+                      without: Iterable[str] = ()) -> dict[str, str]:
   """Model name and a hash of every `config_model` field but the `fingerprint_exempt` ones of
-  its `spec` (evaluation-only knobs, init-time paths), guarding resuming and evaluating."""
-  exempt = spec.fingerprint_exempt
+  its `spec` (evaluation-only knobs, init-time paths) and `without`, guarding resuming and
+  evaluating."""
+  exempt = set(spec.fingerprint_exempt) | set(without)
   fields = json.dumps({k: v for k, v in config_model.to_dict().items() if k not in exempt},
                       sort_keys=True, default=list)
   return {'model': config_model.name,
           'model_config_hash': hashlib.sha256(fields.encode()).hexdigest()[:16]}
+
+
+def _accepted_fingerprints(config_model: ml_collections.ConfigDict, spec: ModelSpec
+                           ) -> list[dict[str, str]]:
+  """The fingerprint of `config_model`, and those a checkpoint written before some of the
+  fields added since (`config_lib.ADDED_FIELDS`, each at its added value) has."""
+  added = [k[len('model.'):] for k, v in config_lib.ADDED_FIELDS.items()
+           if k.startswith('model.') and config_model.get(k[len('model.'):], None) == v]
+  return [model_fingerprint(config_model, spec, without)
+          for n in range(len(added) + 1) for without in itertools.combinations(added, n)]
 
 
 def check_fingerprint(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
@@ -72,7 +85,7 @@ def check_fingerprint(meta: Mapping[str, Any], config: ml_collections.ConfigDict
   `config.model` (of `spec`)."""
   want = model_fingerprint(config.model, spec)
   have = {k: meta.get(k) for k in want}
-  if have != want:
+  if have not in _accepted_fingerprints(config.model, spec):
     raise CheckpointError(
         f'{where} holds a checkpoint of model {have["model"]!r} (model config hash '
         f'{have["model_config_hash"]}), but the config describes model {want["model"]!r} '

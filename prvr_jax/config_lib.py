@@ -323,6 +323,15 @@ def flat_items(config: Any, prefix: str = '') -> dict[str, Any]:
 
 # Fields that change nothing a run computes (where data lies, logging, checkpoint cadence):
 # a resumed run may change them freely, and `config_fingerprint` leaves them out.
+# Fields added to the config after workdirs and checkpoints were written, with the value that
+# does what a config without them did: absent from a saved config, a field of the current
+# config counts as this value (resuming), and a `model.` field at this value is left out of
+# the older form of a checkpoint's model fingerprint (`checkpoint.check_fingerprint`).
+ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
+                'model.prototype_update': 'detr', 'model.noise': 'per_video',
+                'eval.tmass_official_leak': False, 'model.probabilistic': False,
+                'model.num_samples': 6, 'model.support_slots': 26,
+                'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4}
 OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
                       'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
 

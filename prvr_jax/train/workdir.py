@@ -31,12 +31,7 @@ EXACT_RESUME_FIELDS = (
     'data.host_sharded_reading', 'data.skip_bad_items', 'data.max_queries_per_batch',
     'data.placement',
     'train.batch_size', 'train.seed')
-# Fields added to the config after workdirs were written, with the value that does what a
-# workdir without them did: absent from a saved config, a field of the current config counts as
-# this value.
-ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
-                'model.prototype_update': 'detr', 'model.noise': 'per_video',
-                'eval.tmass_official_leak': False}
+ADDED_FIELDS = config_lib.ADDED_FIELDS
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).
 OPERATIONAL_FIELDS = config_lib.OPERATIONAL_FIELDS
 

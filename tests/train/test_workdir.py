@@ -111,3 +111,25 @@ def test_workdir_must_be_new_empty_or_a_workdir(tmp_path):
   (tmp_path / 'run').mkdir()
   workdir_lib.record_config(str(tmp_path / 'run'), config.to_dict(), 0, [])
   workdir_lib.check_is_workdir(str(tmp_path / 'run'))
+
+
+def test_checkpoints_written_before_fields_were_added_still_match_their_model():
+  """A checkpoint fingerprinted before the probabilistic plug-in's fields (and ProtoPRVR's
+  `prototype_update`) existed matches today's config at their added values, and only there."""
+  from prvr_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
+  for name, added in (('gmmformer', ('probabilistic', 'num_samples', 'support_slots')),
+                      ('protoprvr', ('probabilistic', 'num_samples', 'support_slots',
+                                     'prototype_update'))):
+    config = support.load_config(name, 'tiny')
+    spec = models.get_spec(config.model)
+    old = config.model.copy_and_resolve_references()
+    for n in (added, added[-1:]):  # written before all of them, or before the last one
+      older = config.model.copy_and_resolve_references()
+      with older.unlocked():
+        for key in n:
+          del older[key]
+      checkpoint.check_fingerprint(checkpoint.model_fingerprint(older, spec), config, spec, 'x')
+    checkpoint.check_fingerprint(checkpoint.model_fingerprint(old, spec), config, spec, 'x')
+    config.model.probabilistic = True  # not what the old checkpoint trained
+    with pytest.raises(checkpoint.CheckpointError, match='holds a checkpoint of model'):
+      checkpoint.check_fingerprint(checkpoint.model_fingerprint(older, spec), config, spec, 'x')
