@@ -129,6 +129,9 @@ def test_loss_is_finite_and_every_parameter_gets_a_gradient(model, float32_loss_
     assert any(jax.tree.leaves(match_paths(params, (pattern,)))), pattern
 
 
+# This and the train-step check compile each model's program once more (bfloat16; a second
+# mesh): the suite's largest costs, run by CI once (`-m end_to_end`, docs/testing.md).
+@pytest.mark.end_to_end
 def test_mixed_precision_loss_and_gradients_follow_float32(model, float32_loss_and_grads):
   # `train.matmul_precision=bfloat16` (dense layers in bfloat16) runs every model jitted,
   # forward and backward: XLA:CPU cannot run some layouts of a bfloat16 product at all
@@ -159,6 +162,7 @@ def _run_steps(spec, config, mesh, epochs):
   return jax.device_get(state.params), losses
 
 
+@pytest.mark.end_to_end
 def test_train_step_compiles_once_and_two_devices_equal_one(model):
   spec, config, _, _ = model
   traces = []

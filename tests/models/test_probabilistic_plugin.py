@@ -132,7 +132,7 @@ def test_the_official_converter_refuses_the_heads():
 
 
 def test_the_switch_is_a_config_flag_and_ral_keeps_it_on():
-  for name in MODELS + ('ral',):
+  for name in MODELS:
     argv = ['train.py', f'--config=configs/{name}.py:tiny', '--config.model.probabilistic=True',
             '--config.loss.proxy_matching=0.01', '--config.loss.distribution_alignment=0.001']
     config_lib.check_override_flags(argv)
@@ -141,8 +141,12 @@ def test_the_switch_is_a_config_flag_and_ral_keeps_it_on():
   config.model.support_slots = 0
   with pytest.raises(ValueError, match=r'support_slots=0'):
     config_lib.validate(config)
+  # RAL's heads are always on: its config has no switch (the module's True), and a config
+  # that turns them off is refused.
   ral = support.load_config('ral', 'tiny')
-  assert ral.model.probabilistic
-  ral.model.probabilistic = False
+  assert 'probabilistic' not in ral.model and models.get_spec('ral').module.probabilistic
+  config_lib.validate(ral)
+  with ral.model.unlocked():
+    ral.model.probabilistic = False
   with pytest.raises(ValueError, match=r'config.model.probabilistic'):
     models.get_spec('ral').param_shapes(ral.model)
