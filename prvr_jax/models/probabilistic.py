@@ -6,13 +6,13 @@
 GMMFormer v2, has it always on). It adds the fields `probabilistic` (the switch, off by
 default: no parameters, outputs or terms are added), `num_samples` and `support_slots`, and:
 
-* `probabilistic_heads()` for `setup` (`self.prob = ...`: parameters `prob_video/`,
-  `prob_text/`, the official RAL names' tree);
+* `probabilistic_heads()` for `setup` (as `self.prob`; parameters under `prob_video` and
+  `prob_text`, the tree the official RAL names map to);
 * `gaussians(...)`: in training, a Gaussian of each video from its encoded frames and one of
   its query support set from its queries' token encodings (`prvr_jax.layers.probabilistic`);
-* `probabilistic_terms(outputs, batch, config.loss)`: `proxy_matching * L_PM +
-  distribution_alignment * L_DA` (`prvr_jax.losses.ral`), which `two_branch.make_objective`
-  adds whenever the training forward returns `gaussians`.
+* `probabilistic_terms(outputs, batch, config.loss)`: L_PM and L_DA times their weights
+  `proxy_matching` and `distribution_alignment` (`prvr_jax.losses.ral`), which
+  `two_branch.make_objective` adds whenever the training forward returns `gaussians`.
 
 The model provides `hidden_dim`, `self.prob = self.probabilistic_heads()` in `setup`, and in
 its training forward the encoded frames (`probabilistic_frames`) and the query tokens before
@@ -51,8 +51,8 @@ class ProbabilisticPlugin(nn.Module):
   support_slots: int = 26
 
   def probabilistic_heads(self) -> dict[str, nn.Module]:
-    """The heads (for `setup`, as `self.prob`): {'video', 'text'} `ProbabilisticEmbedding`s,
-    none when the plug-in is off (the parameter tree is then unchanged)."""
+    """The heads (for `setup`, as `self.prob`): a `ProbabilisticEmbedding` for 'video' and one
+    for 'text'; none when the plug-in is off (the parameter tree is then unchanged)."""
     if not self.probabilistic:
       return {}
     if self.num_samples < 1:
