@@ -372,3 +372,33 @@ def assert_png(path, name: str) -> None:
   width, height = plots.INCHES[name]
   assert pixels.shape[:2] == (round(height * plots.DPI), round(width * plots.DPI)), path
   assert pixels[..., :3].std() > 0, f'{path} is blank'
+
+
+def check_official_checkpoint_through_cli(model: str, variant: str, checkpoint: pathlib.Path,
+                                          multibatch: pathlib.Path, overrides: list[str],
+                                          tmp_path: pathlib.Path, xla_cache: Any) -> None:
+  """evaluate.py with `configs/<model>.py:<variant>` and `overrides` (the fixture's dims) on
+  the official `checkpoint` and the multi-batch release (`official_release`, layout 'token')
+  gives the scores of the official evaluation loop stored in `multibatch` (`<variant>/scores`,
+  within 1e-5 of their O(1) magnitude, as tests/eval/test_evaluate.py) and its recalls
+  (`<variant>/metrics`: equal ranks give equal recalls; each test states the margin)."""
+  import official_release  # pylint: disable=g-import-not-at-top
+  require_tensorflow()
+  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
+  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
+  official = np.load(multibatch)
+  assert digest == str(official['release_digest']), f'{multibatch.name} release_digest'
+  out = tmp_path / 'eval'
+  run_cli('evaluate.py', f'--config=configs/{model}.py:{variant}', *overrides,
+          f'--config.data.dir={folder}', f'--config.data.collection={collection}',
+          f'--config.data.visual_feature={visual_feature}', f'--checkpoint={checkpoint}',
+          '--split=test', f'--output_dir={out}', cache_dir=xla_cache)
+  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
+  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
+  assert list(official['cap_ids']) == cap_ids
+  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
+  assert_close(np.load(out / 'scores.npy'), official[f'{variant}/scores'], rtol=1e-5)
+  metrics = json.loads((out / 'metrics.json').read_text())
+  assert_close([metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')],
+               official[f'{variant}/metrics'], rtol=1e-12)
+  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == model

@@ -6,7 +6,6 @@ checkpoint through evaluate.py on the multi-batch release; two BertAdam updates;
 training run."""
 
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-import official_release
 import support
 from prvr_jax import convert
 from prvr_jax.layers.latent_sampler import reparameterize
@@ -184,34 +182,15 @@ def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache)
   15-query batches, features from the official HDF5 conversion of the same release) and
   recalls; the two variants differ in the fusion weights (0.5 / 0.5, 0.6 / 0.4) and the
   temperature."""
-  support.require_tensorflow()
-  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
-  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
-  official = np.load(FIXTURES / 'multibatch_dreamprvr.npz')
-  assert digest == str(official['release_digest']), 'multibatch_dreamprvr.npz release_digest'
-  out = tmp_path / 'eval'
-  support.run_cli('evaluate.py', f'--config=configs/dreamprvr.py:{variant}',
-                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
-                  '--config.model.hidden_dim=16', '--config.model.attention_num=4',
-                  '--config.model.num_registers=3', f'--config.data.dir={folder}',
-                  f'--config.data.collection={collection}',
-                  f'--config.data.visual_feature={visual_feature}',
-                  f'--checkpoint={FIXTURES / "dreamprvr_best.ckpt"}', '--split=test',
-                  f'--output_dir={out}', cache_dir=xla_cache)
-  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
-  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
-  assert list(official['cap_ids']) == cap_ids
-  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
-  scores = np.load(out / 'scores.npy')
-  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
-  support.assert_close(scores, official[f'{variant}/scores'], rtol=1e-5)
-  metrics = json.loads((out / 'metrics.json').read_text())
-  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
   # Equal ranks give equal recalls: where a positive sits at a recall boundary K, the score gap
   # to the neighbour that could cross it is >= 2.4e-4 (tvr) / 5.3e-4 (activitynet), over 10x
   # the sum of both scores' tolerances.
-  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
-  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'dreamprvr'
+  support.check_official_checkpoint_through_cli(
+      'dreamprvr', variant, FIXTURES / 'dreamprvr_best.ckpt', FIXTURES / 'multibatch_dreamprvr.npz',
+      ['--config.model.visual_dim=48', '--config.model.query_dim=40',
+       '--config.model.hidden_dim=16', '--config.model.attention_num=4',
+       '--config.model.num_registers=3'],
+      tmp_path, xla_cache)
 
 
 def test_bert_adam_steps_and_weight_decay_groups(fixture):

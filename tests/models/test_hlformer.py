@@ -4,7 +4,6 @@ fixed weights; the official name map and config inference on the fixture's state
 official checkpoint through evaluate.py; two BertAdam updates; a four-update training run."""
 
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-import official_release
 import support
 from prvr_jax import convert
 from prvr_jax.models import registry
@@ -152,34 +150,15 @@ def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache)
   """evaluate.py on the official checkpoint and the multi-batch release (our own batches) =
   the official evaluation loop's scores (20-video / 15-query batches) and recalls; the two
   variants differ in the mixing temperature (`sft_factor` 0.09 / 0.6)."""
-  support.require_tensorflow()
-  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
-  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
-  official = np.load(FIXTURES / 'multibatch_hlformer.npz')
-  assert digest == str(official['release_digest']), 'multibatch_hlformer.npz release_digest'
-  out = tmp_path / 'eval'
-  support.run_cli('evaluate.py', f'--config=configs/hlformer.py:{variant}',
-                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
-                  '--config.model.hidden_dim=16', '--config.model.lorentz_dim=15',
-                  '--config.model.attention_num=4', f'--config.data.dir={folder}',
-                  f'--config.data.collection={collection}',
-                  f'--config.data.visual_feature={visual_feature}',
-                  f'--checkpoint={FIXTURES / "hlformer_best.ckpt"}', '--split=test',
-                  f'--output_dir={out}', cache_dir=xla_cache)
-  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
-  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
-  assert list(official['cap_ids']) == cap_ids
-  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
-  scores = np.load(out / 'scores.npy')
-  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
-  support.assert_close(scores, official[f'{variant}/scores'], rtol=1e-5)
-  metrics = json.loads((out / 'metrics.json').read_text())
-  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
   # Equal ranks give equal recalls: where a positive could cross a recall boundary K (1, 5,
   # 10; R@100 holds all 54 videos), the gap between its score and the K-th best other video's
   # is >= 3.9e-4 (tvr) / 7.4e-4 (activitynet), over 20x the sum of both scores' tolerances.
-  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
-  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'hlformer'
+  support.check_official_checkpoint_through_cli(
+      'hlformer', variant, FIXTURES / 'hlformer_best.ckpt', FIXTURES / 'multibatch_hlformer.npz',
+      ['--config.model.visual_dim=48', '--config.model.query_dim=40',
+       '--config.model.hidden_dim=16', '--config.model.lorentz_dim=15',
+       '--config.model.attention_num=4'],
+      tmp_path, xla_cache)
 
 
 def test_bert_adam_steps_and_weight_decay_groups(fixture):

@@ -6,7 +6,6 @@ on the fixture's state dict; an official checkpoint through evaluate.py; a four-
 training run across the end of the warmup."""
 
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-import official_release
 import support
 from prvr_jax import convert
 from prvr_jax.losses import evidential
@@ -202,33 +200,14 @@ def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache)
   """evaluate.py on the official checkpoint and the multi-batch release (our own batches) =
   the official evaluation loop's scores (20-video / 15-query batches) and recalls; the two
   variants differ in the mixing temperature (`sft_factor` 0.09 / 0.6)."""
-  support.require_tensorflow()
-  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
-  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
-  official = np.load(FIXTURES / 'multibatch_holmes.npz')
-  assert digest == str(official['release_digest']), 'multibatch_holmes.npz release_digest'
-  out = tmp_path / 'eval'
-  support.run_cli('evaluate.py', f'--config=configs/holmes.py:{variant}',
-                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
-                  '--config.model.hidden_dim=16', f'--config.data.dir={folder}',
-                  f'--config.data.collection={collection}',
-                  f'--config.data.visual_feature={visual_feature}',
-                  f'--checkpoint={FIXTURES / "holmes_best.ckpt"}', '--split=test',
-                  f'--output_dir={out}', cache_dir=xla_cache)
-  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
-  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
-  assert list(official['cap_ids']) == cap_ids
-  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
-  scores = np.load(out / 'scores.npy')
-  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
-  support.assert_close(scores, official[f'{variant}/scores'], rtol=1e-5)
-  metrics = json.loads((out / 'metrics.json').read_text())
-  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
   # Equal ranks give equal recalls: where a positive could cross a recall boundary K (1, 5,
   # 10; R@100 holds all 54 videos), the gap between its score and the K-th best other video's
   # is >= 5.8e-4 (tvr) / 5.2e-4 (activitynet), over 30x the sum of both scores' tolerances.
-  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
-  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'holmes'
+  support.check_official_checkpoint_through_cli(
+      'holmes', variant, FIXTURES / 'holmes_best.ckpt', FIXTURES / 'multibatch_holmes.npz',
+      ['--config.model.visual_dim=48', '--config.model.query_dim=40',
+       '--config.model.hidden_dim=16'],
+      tmp_path, xla_cache)
 
 
 def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_fn):

@@ -7,14 +7,12 @@ and the gradients on one batch with the official sampling noise, and four traini
 import dataclasses
 import functools
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import official_release
 import support
 from prvr_jax import convert, models, optim, torch_file
 from prvr_jax.models import registry
@@ -181,33 +179,14 @@ def test_official_checkpoint_evaluates_through_cli(variant, tmp_path, xla_cache)
   """evaluate.py on the official checkpoint and the multi-batch release (our own batches) =
   the official evaluation loop's scores (20-video / 15-query batches) and recalls; the two
   variants differ in the fusion weights (0.5 / 0.5, 0.6 / 0.4) and the temperature."""
-  support.require_tensorflow()
-  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
-  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
-  official = np.load(FIXTURE / 'multibatch_ral.npz')
-  assert digest == str(official['release_digest']), 'multibatch_ral.npz release_digest'
-  out = tmp_path / 'eval'
-  support.run_cli('evaluate.py', f'--config=configs/ral.py:{variant}',
-                  '--config.model.visual_dim=48', '--config.model.query_dim=40',
-                  '--config.model.hidden_dim=24', f'--config.data.dir={folder}',
-                  f'--config.data.collection={collection}',
-                  f'--config.data.visual_feature={visual_feature}',
-                  f'--checkpoint={FIXTURE / "ral_best.ckpt"}', '--split=test',
-                  f'--output_dir={out}', cache_dir=xla_cache)
-  lines = (pathlib.Path(folder) / 'TextData' / f'{collection}test.caption.txt').read_text()
-  cap_ids = [line.split(' ', 1)[0] for line in lines.splitlines() if line.strip()]
-  assert list(official['cap_ids']) == cap_ids
-  assert list(official['video_ids']) == list(dict.fromkeys(c.split('#')[0] for c in cap_ids))
-  scores = np.load(out / 'scores.npy')
-  # Fused cosine scores, O(1): 1e-5 of the magnitude, as tests/eval/test_evaluate.py.
-  support.assert_close(scores, official[f'{variant}/scores'], rtol=PARITY_RTOL)
-  metrics = json.loads((out / 'metrics.json').read_text())
-  ours = [metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')]
   # Equal ranks give equal recalls: where a positive sits at a recall boundary K, the score gap
   # to the neighbour that could cross it is >= 2.0e-4 (tvr) / 6.2e-4 (activitynet), over 17x
   # the sum of both scores' tolerances.
-  support.assert_close(ours, official[f'{variant}/metrics'], rtol=1e-12)
-  assert metrics['checkpoint_source'] == 'official' and metrics['model'] == 'ral'
+  support.check_official_checkpoint_through_cli(
+      'ral', variant, FIXTURE / 'ral_best.ckpt', FIXTURE / 'multibatch_ral.npz',
+      ['--config.model.visual_dim=48', '--config.model.query_dim=40',
+       '--config.model.hidden_dim=24'],
+      tmp_path, xla_cache)
 
 
 def test_bert_adam_steps():
