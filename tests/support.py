@@ -327,6 +327,21 @@ def optimizer_step(config: Any, t_total: int) -> tuple[Any, Any, Any]:
   return _OPTIMIZER_STEPS[key]
 
 
+def load_official_model_fixture(path: pathlib.Path, name: str, config_model: dict) -> tuple:
+  """(arrays, official state dict `param/*`, spec, module, our params) of a whole-model parity
+  fixture made with model `name`'s official code at `config_model`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from prvr_jax import convert  # pylint: disable=g-import-not-at-top
+  from prvr_jax.models import registry  # pylint: disable=g-import-not-at-top
+  data = np.load(path)
+  state = {k[len('param/'):]: data[k] for k in data.files if k.startswith('param/')}
+  spec = registry.get_spec(name)
+  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, name, config_model))
+  return data, state, spec, spec.build(ml_collections.ConfigDict(config_model)), params
+
+
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
                           official_lr: float) -> dict[str, np.ndarray]:
   """The torch-named parameters after two updates of the training optimiser

@@ -16,7 +16,6 @@ import pytest
 import support
 from prvr_jax import convert
 from prvr_jax.layers.latent_sampler import reparameterize
-from prvr_jax.models import registry
 from prvr_jax.layers.latent_sampler import kl_divergence
 from prvr_jax.models.dreamprvr import mean_video_queries, noise_mse, video_kl
 from prvr_jax.models.dreamprvr import official as dream_official
@@ -49,11 +48,7 @@ DEPTH = 64
 
 @pytest.fixture(scope='module')
 def fixture():
-  data = np.load(FIXTURE)
-  state = {k[len('param/'):]: data[k] for k in data.files if k.startswith('param/')}
-  spec = registry.get_spec('dreamprvr')
-  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'dreamprvr', CONFIG))
-  return data, state, spec, spec.build(ml_collections.ConfigDict(CONFIG)), params
+  return support.load_official_model_fixture(FIXTURE, 'dreamprvr', CONFIG)
 
 
 def _batch(data, prefix=''):

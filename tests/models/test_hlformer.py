@@ -13,7 +13,6 @@ import pytest
 
 import support
 from prvr_jax import convert
-from prvr_jax.models import registry
 from prvr_jax.models.hlformer import official as hl_official
 from prvr_jax.models.hlformer.model import branch_widths
 from prvr_jax.models.spec import LossContext
@@ -42,11 +41,7 @@ DEPTH = 24
 
 @pytest.fixture(scope='module')
 def fixture():
-  data = np.load(FIXTURE)
-  state = {k[len('param/'):]: data[k] for k in data.files if k.startswith('param/')}
-  spec = registry.get_spec('hlformer')
-  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'hlformer', CONFIG))
-  return data, state, spec, spec.build(ml_collections.ConfigDict(CONFIG)), params
+  return support.load_official_model_fixture(FIXTURE, 'hlformer', CONFIG)
 
 
 def _batch(data, prefix=''):

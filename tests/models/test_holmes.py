@@ -16,7 +16,6 @@ import pytest
 import support
 from prvr_jax import convert
 from prvr_jax.losses import evidential
-from prvr_jax.models import registry
 from prvr_jax.models.holmes import official as holmes_official
 from prvr_jax.models.holmes.objective import partial_ot_outputs
 from prvr_jax.models.spec import LossContext
@@ -51,12 +50,8 @@ DEPTH = 20
 
 @pytest.fixture(scope='module')
 def fixture():
-  data = np.load(FIXTURE)
-  state = {k[len('param/'):]: data[k] for k in data.files if k.startswith('param/')}
-  spec = registry.get_spec('holmes')
-  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'holmes', CONFIG))
-  return (data, state, spec, spec.build(ml_collections.ConfigDict(CONFIG)), params,
-          _batch(data))
+  loaded = support.load_official_model_fixture(FIXTURE, 'holmes', CONFIG)
+  return (*loaded, _batch(loaded[0]))
 
 
 def test_config_inference_and_name_map_read_the_official_state_dict(fixture):
