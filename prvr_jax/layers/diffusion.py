@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prvr_jax.layers.attention import dense, layer_norm
+from prvr_jax.layers.precision import matmul_precision
 
 # Official constants (diffusion_model.py).
 COSINE_S = 0.008  # cosine_beta_schedule: s.
@@ -253,6 +254,11 @@ class RegisterDiffusion(nn.Module):
   timestep. `sample`: the T reverse steps. `beta_schedule` 'cosine' (official) or 'linear';
   `clip_denoised`: the `x_0` clamp of each reverse step (official 1.0; None: none).
   `table_init`: the denoiser's time-table initialiser (`TimeEmbedding`).
+  `float32_reverse`: `sample` runs its denoiser calls in float32 even when the enclosing code is
+  traced in mixed precision (`matmul_precision('bfloat16')`): the first reverse step recovers
+  `x_0` with the factor `sqrt(1 / abar)` (about 204 at the official cosine schedule, T = 10),
+  which magnifies the bfloat16 rounding of the denoiser into the registers (docs/dreamprvr.md,
+  "Precision"). `oversample` follows the enclosing precision.
   """
   timesteps: int = 10
   num_layers: int = 2
@@ -261,6 +267,7 @@ class RegisterDiffusion(nn.Module):
   clip_denoised: float | None = CLIP_DENOISED
   dropout_rate: float = 0.0
   table_init: str = 'sinusoid'
+  float32_reverse: bool = True
 
   def setup(self):
     self.schedule = diffusion_schedule(self.timesteps, self.beta_schedule)
@@ -311,8 +318,10 @@ class RegisterDiffusion(nn.Module):
     scan = nn.scan(body, variable_broadcast='params', split_rngs={'params': False,
                                                                   'dropout': True},
                    length=steps)
-    x_0, _ = scan(self, start, (timesteps, step_noise))
-    return x_0
+    if not self.float32_reverse:
+      return scan(self, start, (timesteps, step_noise))[0]
+    with matmul_precision('float32'):
+      return scan(self, start, (timesteps, step_noise))[0]
 
 
 def official_denoiser_params(num_layers: int) -> tuple[tuple[str, str, bool], ...]:

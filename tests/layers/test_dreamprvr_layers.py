@@ -10,6 +10,7 @@ import pytest
 import support
 from prvr_jax.layers import diffusion as df
 from prvr_jax.layers import latent_sampler as lsm
+from prvr_jax.layers import precision
 from prvr_jax.layers import register_block as rb
 
 FIXTURE = support.FIXTURES / 'dreamprvr' / 'diffusion.npz'
@@ -193,6 +194,25 @@ def test_sample_matches_official_evaluation_path(official, diffusion, dims):
   support.assert_close(g_cond, official['samp_grad_cond'], rtol)
   _check_param_grads(official, 'samp_', g_vars['params']['denoiser'],
                      df.official_denoiser_params(2), rtol)
+
+
+def test_sample_keeps_its_reverse_loop_float32_under_mixed_precision(official, diffusion):
+  """The reverse loop magnifies the denoiser's rounding (x_0 recovered with a factor ~204):
+  under `matmul_precision('bfloat16')` `sample` still runs its denoiser in float32 (equal to
+  the float32 trace), and the same loop in bfloat16 (`float32_reverse=False`) is measurably
+  off; the gradients flow through the float32 loop too."""
+  module, variables = diffusion
+  start, cond = official['samp_start'], official['samp_cond']
+
+  def run(module, name):
+    with precision.matmul_precision(name):
+      return np.asarray(jax.jit(lambda v: module.apply(v, cond, start, start,
+                                                       method='sample'))(variables))
+
+  reference = run(module, 'float32')
+  support.assert_close(run(module, 'bfloat16'), reference, support.f32_rtol(16, 60))
+  bf16_loop = module.clone(float32_reverse=False)
+  assert np.abs(run(bf16_loop, 'bfloat16') - reference).max() > 1e-2 * np.abs(reference).max()
 
 
 def test_sample_with_fresh_noise_per_step_matches_official(official, diffusion, dims):
