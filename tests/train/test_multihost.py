@@ -78,12 +78,14 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, reference_run, config
 
 
 @pytest.mark.end_to_end
-# HLFormer passed the same check when it was added (its compiles made it CI's longest test).
+# HLFormer, Holmes (the partial transport over each video's queries) and DreamPRVR (the
+# 'perturbation' stream) passed the same check when they were added; their compiles would
+# make it CI's longest test.
 @pytest.mark.parametrize('model', ['ral'])
 def test_sampling_models_train_alike_on_two_hosts_and_on_two_devices(model, tmp_path, tiny_data,
                                                                      xla_cache):
-  """A model whose training samples per video over the global batch (RAL: the 'sample' rng
-  stream, the Gaussians over each video's support set): one epoch as 2 processes x 1 device
+  """A model whose training samples or transports per video over the global batch (RAL: the
+  'sample' rng stream, the Gaussians over each video's support set): one epoch as 2 processes x 1 device
   ends as 1 process x 2 devices."""
   args = ('--config.train.num_epochs=1', '--config.eval.video_batch_size=16')
   config = f'configs/{model}.py:tiny'
