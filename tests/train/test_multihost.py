@@ -85,8 +85,8 @@ def test_one_device_four_devices_two_hosts_agree(tmp_path, reference_run, config
 def test_sampling_models_train_alike_on_two_hosts_and_on_two_devices(model, tmp_path, tiny_data,
                                                                      xla_cache):
   """A model whose training samples or transports per video over the global batch (RAL: the
-  'sample' rng stream, the Gaussians over each video's support set): one epoch as 2 processes x 1 device
-  ends as 1 process x 2 devices."""
+  'sample' rng stream, the Gaussians over each video's support set): one epoch as 2 processes
+  x 1 device ends as 1 process x 2 devices."""
   args = ('--config.train.num_epochs=1', '--config.eval.video_batch_size=16')
   config = f'configs/{model}.py:tiny'
   run_cli('train.py', f'--config={config}', f'--config.data.dir={tiny_data}',
