@@ -211,3 +211,17 @@ def test_dense_files_of_other_data_are_refused(tmp_path):
   with pytest.raises(dense_gt.DataError, match=r"caption.txt: video 'v9' is not a video of the "
                                                r"evaluated split 'test'"):
     outputs.dense_targets(config, split, str(tmp_path), 'test')
+
+
+def test_evaluate_loads_the_dense_ground_truth_of_the_synthetic_benchmark(tiny_data, tmp_path):
+  """`evaluate.py --config.eval.protocol=dense` on the synthetic benchmark: the split it
+  evaluates carries the dense targets of the files the generator left in the shard folder."""
+  config = support.load_config('gmmformer_v2', 'tiny')
+  config.data.dir = tiny_data
+  loaded = outputs.load_split(config, 'test', str(tmp_path), None, 'checkpoint')
+  assert loaded['data'].dense is None  # the default protocol: single
+  config.eval.protocol = 'dense'
+  data = outputs.load_split(config, 'test', str(tmp_path), None, 'checkpoint')['data']
+  assert sorted(data.dense.rows.tolist()) == list(range(len(data.caption_ids)))
+  assert data.dense.files['ground_truth'].startswith(tiny_data)
+  assert (data.dense.positives >= 0).sum(axis=1).max() > 1  # several positives somewhere
