@@ -80,8 +80,8 @@ def positive_ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
 
   Several positives per row (the dense multi-ground-truth protocol): each positive `p` of row
   `i` gets `1 + #{j : s[i, j] > s[i, p]} + #{j < p : s[i, j] == s[i, p]}`, its position in
-  the row sorted by descending score and then ascending column (a stable sort), so the
-  positives of a row hold distinct ranks and the smallest equals `ranks`'s.
+  the row sorted by descending score and then ascending column, so the positives of a row
+  hold distinct ranks and the smallest equals `ranks`'s.
 
   Args:
     scores: [N, M] float, higher is better.
@@ -108,18 +108,18 @@ def positive_ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
   if twice.size:
     raise ValueError(f'Rows {twice[:10].tolist()} list a positive column twice.')
   _reject_non_finite(scores)
-  columns = np.maximum(positives, 0)
+  # One (row, positive) pair at a time in vectorised chunks: the work is #positives x M
+  # comparisons, not a sort of every row.
+  pair_rows, slots = np.nonzero(valid)
+  pair_cols = positives[pair_rows, slots]
+  cols = np.arange(num_cols)
   out = np.zeros(positives.shape, np.int64)
-  # Rows per chunk: bounds the [chunk, M] sort buffers whatever the number of rows.
-  chunk = max(1, (_ROW_CHUNK * 1024) // max(num_cols, 1))
-  for start in range(0, scores.shape[0], chunk):
-    # Stable sort of -score: equal scores keep ascending column order (the tie rule).
-    order = np.argsort(-scores[start:start + chunk], axis=1, kind='stable')
-    position = np.empty_like(order)
-    np.put_along_axis(position, order, np.arange(num_cols)[None, :], axis=1)
-    out[start:start + chunk] = 1 + np.take_along_axis(position, columns[start:start + chunk],
-                                                      axis=1)
-  out[~valid] = 0
+  for start in range(0, pair_rows.size, _ROW_CHUNK):
+    rows, col = pair_rows[start:start + _ROW_CHUNK], pair_cols[start:start + _ROW_CHUNK]
+    s = scores[rows]
+    own = s[np.arange(rows.size), col][:, None]
+    ahead = (s > own) | ((s == own) & (cols[None, :] < col[:, None]))
+    out[rows, slots[start:start + _ROW_CHUNK]] = 1 + ahead.sum(axis=1)
   return out
 
 
@@ -142,11 +142,12 @@ def multi_positive_per_query(rank: np.ndarray, ndcg_k: int = 10) -> dict[str, np
   present = seen <= count[:, None]
   precision = np.where(present, seen / np.where(present, ordered, 1), 0.0)
   ap = precision.sum(axis=1) / np.maximum(count, 1)
-  gains = np.where(valid & (rank <= ndcg_k), 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0).sum(axis=1)
+  gains = np.where(valid & (rank <= ndcg_k), 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
+  gains = gains.sum(axis=1)
   discounts = 1.0 / np.log2(np.arange(2, ndcg_k + 2))
   ideal = np.cumsum(discounts)[np.clip(count, 1, ndcg_k) - 1]
-  return {'best_rank': np.where(present[:, :1], ordered[:, :1], 0)[:, 0],
-          'num_positives': count, 'ap': ap, 'ndcg': gains / ideal}
+  return {'best_rank': np.where(count > 0, ordered[:, 0], 0), 'num_positives': count,
+          'ap': ap, 'ndcg': gains / ideal}
 
 
 def multi_positive_metrics(rank: np.ndarray, ks: Sequence[int] = RECALL_KS, ndcg_k: int = 10,
