@@ -75,9 +75,10 @@ def locate(config: Any, data_dir: str) -> tuple[str, str]:
 
   `config.data.dense_gt` / `config.data.dense_captions` when set (either alone: the other is
   its sibling, `<stem>.gt.jsonl` <-> `<stem>.caption.txt`); else prvr-ea's layout: the stem
-  `default_stem(config.data.collection)` in `config.data.dir` (a release's collection folder)
-  or its `TextData/`, or, for the synthetic benchmark (empty `data.dir`), in `data_dir` (the
-  run's prepared data folder, where `synthetic` writes them). Raises naming the flags.
+  `default_stem(config.data.collection)` in `config.data.dir` (a release's collection folder),
+  its `TextData/`, or `<collection>/` below it (a data root, prvr-ea's `PRVR_DATA_ROOT`); for the
+  synthetic benchmark (empty `data.dir`) in `data_dir` (the run's prepared data folder, where
+  `synthetic` writes them). Raises naming the flags.
   """
   data = config.data
   gt_path, caption_path = data.get('dense_gt', ''), data.get('dense_captions', '')
@@ -99,9 +100,10 @@ def locate(config: Any, data_dir: str) -> tuple[str, str]:
                                 f'(--config.data.{flag})')
     return caption_path, gt_path
   root = data.dir or data_dir
-  stem = default_stem(data.get('collection', ''))
+  collection = data.get('collection', '')
+  stem = default_stem(collection)
   tried = []
-  for folder in (root, os.path.join(root, 'TextData')):
+  for folder in (root, os.path.join(root, 'TextData'), os.path.join(root, collection)):
     gt_path = os.path.join(folder, stem + GT_SUFFIX)
     caption_path = os.path.join(folder, stem + CAPTION_SUFFIX)
     tried.append(gt_path)

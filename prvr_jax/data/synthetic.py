@@ -307,7 +307,8 @@ def write_dense(split: SplitData, folder: str) -> tuple[str, str]:
 def write_mssl(data: dict[str, SplitData] | Callable[[], dict[str, SplitData]], root: str,
                text_feature: str = 'roberta') -> str:
   """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
-  vectors for `text_feature='clip'`) with moment spans; returns the collection folder. `data`
+  vectors for `text_feature='clip'`) with moment spans and the test split's dense ground truth
+  (`write_dense`); returns the collection folder. `data`
   may be the function that generates it, called once the folder is known to be new (a refusal
   then costs no generation)."""
   with release_lib.ReleaseWriter(root, COLLECTION, VISUAL_FEATURE, text_feature) as writer:
@@ -325,6 +326,7 @@ def write_mssl(data: dict[str, SplitData] | Callable[[], dict[str, SplitData]], 
       # Six significant digits, the benchmark's precision.
       writer.write_moments(name, ((c, *(float(f'{t:.6g}') for t in split.moments[c]))
                                   for c, _ in split.captions))
+  write_dense(data[DENSE_SPLIT], writer.collection_dir)  # prvr-ea's place: the collection folder
   return writer.collection_dir
 
 

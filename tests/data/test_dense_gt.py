@@ -125,6 +125,7 @@ def test_locate_follows_prvr_ea_layout_and_the_flags(tmp_path):
   assert dense_gt.locate(_config(dir=str(release)), '') == in_text_data
   beside = _write(release, GT, stem='tvrdenseval_v')  # the collection folder comes first
   assert dense_gt.locate(_config(dir=str(release)), '') == beside
+  assert dense_gt.locate(_config(dir=str(tmp_path)), '') == beside  # a root of collections
   # Other collections: `<collection>denseval`; the synthetic benchmark: the run's data folder.
   synthetic = _write(tmp_path, GT, stem='syntheticdenseval')
   assert dense_gt.locate(_config(collection='synthetic'), str(tmp_path)) == synthetic

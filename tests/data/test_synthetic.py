@@ -80,6 +80,11 @@ def test_mssl_layout_reads_back_with_moments(tmp_path):
   video_id = split.video_ids[0]
   np.testing.assert_array_equal(split.raw_video_features(video_id), data['val'].videos[video_id])
   moments = release_lib.read_moments(os.path.join(root, 'TextData', 'syntheticval.moments.txt'))
+  # The test split's dense ground truth, in the collection folder as prvr-ea lays it out.
+  config = ml_collections.ConfigDict({'data': {'dir': root, 'collection': synthetic.COLLECTION}})
+  dense = dense_gt.read(*dense_gt.locate(config, ''))
+  assert list(zip(dense.query_ids, map(list, dense.positives))) == (
+      synthetic.dense_ground_truth(data['test']))
   for cap_id, (start, end, duration) in data['val'].moments.items():
     # Seconds written as text and read back: relative to the video's duration.
     support.assert_close(moments[cap_id], (start, end, duration), rtol=1e-5, scale=duration)
