@@ -9,7 +9,7 @@ and a sentence context. True spans are recorded. Written through the release lay
 (`write_mssl`; AMDNet's CLIP layout with sentence vectors for `text_feature='clip'`) and
 prepared into shards (`write_shards`, `ensure`); everything is a function of (size, seed,
 text feature). Concept pairs recur across videos, so a query's content is planted in other
-videos too: the shard folder also holds the test split's dense multi-ground-truth files
+videos too: the shard folder and the release layout also hold the test split's dense files
 (`dense_ground_truth`, `write_dense`; docs/dense_eval.md).
 """
 
