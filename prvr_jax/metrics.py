@@ -128,9 +128,10 @@ def multi_positive_per_query(rank: np.ndarray, ndcg_k: int = 10) -> dict[str, np
 
   Returns {'best_rank' [N] (the best positive's rank), 'num_positives' [N],
   'ap' [N] (average precision over all positives, in [0, 1]), 'ndcg' [N] (binary nDCG@ndcg_k,
-  in [0, 1])}. With R_q the ranks of the positives P_q of row q:
-    AP_q = (1 / |P_q|) * sum_{r in R_q} #{r' in R_q : r' <= r} / r
-    nDCG@k_q = sum_{r in R_q, r <= k} 1 / log2(r + 1)  /  sum_{i=1}^{min(|P_q|, k)} 1 / log2(i + 1)
+  in [0, 1])}. With R_q the ranks of the n_q positives of row q::
+
+    AP_q = (1 / n_q) * sum_{r in R_q} #{r' in R_q : r' <= r} / r
+    nDCG@k_q = sum_{r in R_q, r <= k} 1 / log2(r + 1) / sum_{i=1}^{min(n_q, k)} 1 / log2(i + 1)
   """
   rank = np.asarray(rank, np.int64)
   valid = rank > 0
