@@ -114,6 +114,10 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.eval.score_seed = 0
   # Also report the metrics after DSL re-ranking (`dsl_*`; transductive, off by default).
   config.eval.dual_softmax = False
+  # 'single' (one ground-truth video per query: the papers' protocol) or 'dense': evaluate.py
+  # also reports the dense multi-ground-truth metrics `dense_*` from the same scores, with
+  # the files `data.dense_gt` / `data.dense_captions` (docs/dense_eval.md).
+  config.eval.protocol = 'single'
 
   config.data = ml_collections.ConfigDict()
   config.data.name = variant if variant in DATASETS else 'synthetic'
@@ -126,6 +130,10 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   config.data.train_split = 'train'
   config.data.val_split = 'val'
   config.data.test_split = 'test'
+  # The dense ground truth of the evaluated split (`--config.eval.protocol=dense`): its JSONL
+  # and caption file; empty: prvr-ea's layout in data.dir (docs/dense_eval.md).
+  config.data.dense_gt = ''
+  config.data.dense_captions = ''
   config.data.max_queries_per_batch = 0  # 0: local batch x max captions per video
   config.data.skip_bad_items = False
   # Before training or preparing, compare the release with its published dims and split sizes
@@ -194,6 +202,7 @@ def build_config(arg: str | None, model: Mapping[str, Any], loss: Mapping[str, A
 # ----------------------------------------------------------------------------- validation
 
 MATMUL_PRECISIONS = ('float32', 'tensorfloat32', 'bfloat16')
+EVAL_PROTOCOLS = ('single', 'dense')  # `eval.protocol` (docs/dense_eval.md)
 KERNEL_CHOICES = ('auto', 'fast', 'plain')  # `train.kernels`: the keys of `kernels.policy.CHOICES`
 
 
@@ -299,6 +308,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'eval.mv_groups': _mv_groups,
     'eval.score_seed': _integer(0),
     'eval.dual_softmax': _flag,
+    'eval.protocol': _choice(*EVAL_PROTOCOLS),
     'data.shuffle_buffer': _integer(1),
     'data.max_queries_per_batch': _integer(0),
     'data.skip_bad_items': _flag,
@@ -331,8 +341,10 @@ ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
                 'model.prototype_update': 'detr', 'model.noise': 'per_video',
                 'eval.tmass_official_leak': False, 'model.probabilistic': False,
                 'model.num_samples': 6, 'model.support_slots': 26,
-                'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4}
-OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
+                'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4,
+                'eval.protocol': 'single', 'data.dense_gt': '', 'data.dense_captions': ''}
+OPERATIONAL_FIELDS = ('data.dir', 'data.dense_gt', 'data.dense_captions',
+                      'train.log_every_steps', 'train.checkpoint_keep',
                       'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
 
 

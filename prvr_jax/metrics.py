@@ -12,6 +12,10 @@ by ascending column index. The rank of a ground truth `g` of row `i` is therefor
 and with several ground truths the smallest of their ranks counts. Non-finite scores (NaN,
 +-inf) are rejected rather than ranked: a score matrix holding them is broken, and ranking
 it would report numbers that mean nothing (an all-infinite matrix "scores" SumR 333.3).
+
+Dense multi-ground-truth protocol (several verified positives per query; docs/dense_eval.md):
+`positive_ranks` ranks every positive under the same tie rule, `multi_positive_metrics` gives
+R@K (any positive in the top K), prvr-ea's coverage recall, mAP and binary nDCG@10.
 """
 
 from collections.abc import Sequence
@@ -42,11 +46,7 @@ def ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
   if scores.ndim != 2 or scores.shape != positives.shape:
     raise ValueError(f'scores {scores.shape} and positives {positives.shape} must be '
                      'the same [rows, columns] shape.')
-  bad = ~np.isfinite(scores)
-  if bad.any():
-    row, col = np.argwhere(bad)[0]
-    raise ValueError(f'Score matrix holds {int(bad.sum())} non-finite values (NaN or inf; first '
-                     f'at row {row}, column {col}: {scores[row, col]}); cannot rank.')
+  _reject_non_finite(scores)
   missing = np.flatnonzero(~positives.any(axis=1))
   if missing.size:
     raise ValueError(f'Rows {missing[:10].tolist()} have no ground-truth column.')
@@ -63,6 +63,121 @@ def ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
     best_col = np.argmax(pos & (s == best_score), axis=1)[:, None]
     ahead = (s > best_score) | ((s == best_score) & (cols[None, :] < best_col))
     out[start:start + _ROW_CHUNK] = 1 + ahead.sum(axis=1)
+  return out
+
+
+def _reject_non_finite(scores: np.ndarray) -> None:
+  """Raises naming the first NaN / infinite score: ranking such a matrix means nothing."""
+  bad = ~np.isfinite(scores)
+  if bad.any():
+    row, col = np.argwhere(bad)[0]
+    raise ValueError(f'Score matrix holds {int(bad.sum())} non-finite values (NaN or inf; first '
+                     f'at row {row}, column {col}: {scores[row, col]}); cannot rank.')
+
+
+def positive_ranks(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
+  """Rank (1-based, under the tie rule) of every listed positive column of each row.
+
+  Several positives per row (the dense multi-ground-truth protocol): each positive `p` of row
+  `i` gets `1 + #{j : s[i, j] > s[i, p]} + #{j < p : s[i, j] == s[i, p]}`, its position in
+  the row sorted by descending score and then ascending column, so the positives of a row
+  hold distinct ranks and the smallest equals `ranks`'s.
+
+  Args:
+    scores: [N, M] float, higher is better.
+    positives: [N, P] int, the positive columns of each row, padded with -1 (at least one
+      per row, none twice).
+
+  Returns:
+    [N, P] int64 ranks in [1, M], 0 where `positives` is padding.
+  """
+  scores = np.asarray(scores)
+  positives = np.asarray(positives, np.int64)
+  if scores.ndim != 2 or positives.ndim != 2 or positives.shape[0] != scores.shape[0]:
+    raise ValueError(f'scores {scores.shape} must be [rows, columns] and positives '
+                     f'{positives.shape} [rows, positives] with the same rows.')
+  num_cols = scores.shape[1]
+  if positives.size and (positives.max() >= num_cols or positives.min() < -1):
+    raise ValueError(f'positives must be column indices in [0, {num_cols}) or -1 (padding).')
+  valid = positives >= 0
+  missing = np.flatnonzero(~valid.any(axis=1))
+  if missing.size:
+    raise ValueError(f'Rows {missing[:10].tolist()} have no positive column.')
+  ordered = np.sort(positives, axis=1)
+  twice = np.flatnonzero(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(1))
+  if twice.size:
+    raise ValueError(f'Rows {twice[:10].tolist()} list a positive column twice.')
+  _reject_non_finite(scores)
+  # One (row, positive) pair at a time in vectorised chunks: the work is #positives x M
+  # comparisons, not a sort of every row.
+  pair_rows, slots = np.nonzero(valid)
+  pair_cols = positives[pair_rows, slots]
+  cols = np.arange(num_cols)
+  out = np.zeros(positives.shape, np.int64)
+  for start in range(0, pair_rows.size, _ROW_CHUNK):
+    rows, col = pair_rows[start:start + _ROW_CHUNK], pair_cols[start:start + _ROW_CHUNK]
+    s = scores[rows]
+    own = s[np.arange(rows.size), col][:, None]
+    ahead = (s > own) | ((s == own) & (cols[None, :] < col[:, None]))
+    out[rows, slots[start:start + _ROW_CHUNK]] = 1 + ahead.sum(axis=1)
+  return out
+
+
+def multi_positive_per_query(rank: np.ndarray, ndcg_k: int = 10) -> dict[str, np.ndarray]:
+  """Per-row results of `positive_ranks`'s output `rank` ([N, P], 0 = padding).
+
+  Returns {'best_rank' [N] (the best positive's rank), 'num_positives' [N],
+  'ap' [N] (average precision over all positives, in [0, 1]), 'ndcg' [N] (binary nDCG@ndcg_k,
+  in [0, 1])}. With R_q the ranks of the n_q positives of row q::
+
+    AP_q = (1 / n_q) * sum_{r in R_q} #{r' in R_q : r' <= r} / r
+    nDCG@k_q = sum_{r in R_q, r <= k} 1 / log2(r + 1) / sum_{i=1}^{min(n_q, k)} 1 / log2(i + 1)
+  """
+  rank = np.asarray(rank, np.int64)
+  valid = rank > 0
+  count = valid.sum(axis=1)
+  # The positives of a row in rank order: their position i (1-based) among them is the
+  # number of positives ranked at or above them, so precision at each is i / rank.
+  ordered = np.sort(np.where(valid, rank, np.iinfo(np.int64).max), axis=1)
+  seen = np.arange(1, rank.shape[1] + 1)[None, :]
+  present = seen <= count[:, None]
+  precision = np.where(present, seen / np.where(present, ordered, 1), 0.0)
+  ap = precision.sum(axis=1) / np.maximum(count, 1)
+  gains = np.where(valid & (rank <= ndcg_k), 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
+  gains = gains.sum(axis=1)
+  discounts = 1.0 / np.log2(np.arange(2, ndcg_k + 2))
+  ideal = np.cumsum(discounts)[np.clip(count, 1, ndcg_k) - 1]
+  return {'best_rank': np.where(count > 0, ordered[:, 0], 0), 'num_positives': count,
+          'ap': ap, 'ndcg': gains / ideal}
+
+
+def multi_positive_metrics(rank: np.ndarray, ks: Sequence[int] = RECALL_KS, ndcg_k: int = 10,
+                           prefix: str = '') -> dict[str, float]:
+  """The dense multi-ground-truth metrics of `positive_ranks`'s output `rank` ([N, P]).
+
+  All in percent, averaged over rows (0s for no rows):
+    r<K>: a hit when any positive ranks <= K (R@K with several positives); sumr their sum;
+    cov_r<K>: #{positives ranked <= K} / #positives (prvr-ea's macro "coverage" recall);
+      cov_sumr their sum;
+    map: mean average precision over the positives; ndcg<k>: binary nDCG@k
+      (`multi_positive_per_query`);
+  and medr / meanr of the best positive's rank, num_queries.
+  """
+  rank = np.asarray(rank, np.int64)
+  per_query = multi_positive_per_query(rank, ndcg_k)
+  num = max(rank.shape[0], 1)
+  out = recalls(per_query['best_rank'], ks, prefix)
+  valid = rank > 0
+  count = np.maximum(per_query['num_positives'], 1)
+  for k in ks:
+    out[f'{prefix}cov_r{k}'] = float(100.0 * np.sum(
+        (valid & (rank <= k)).sum(axis=1) / count) / num)
+  out[f'{prefix}cov_sumr'] = float(sum(out[f'{prefix}cov_r{k}'] for k in ks))
+  out[f'{prefix}map'] = float(100.0 * per_query['ap'].sum() / num)
+  out[f'{prefix}ndcg{ndcg_k}'] = float(100.0 * per_query['ndcg'].sum() / num)
+  stats = rank_statistics(per_query['best_rank'], prefix)
+  out[f'{prefix}medr'], out[f'{prefix}meanr'] = stats[f'{prefix}medr'], stats[f'{prefix}meanr']
+  out[f'{prefix}num_queries'] = int(rank.shape[0])
   return out
 
 

@@ -8,7 +8,9 @@ come from a moment's concepts through `tanh(W_q ...)`, mixed with function words
 and a sentence context. True spans are recorded. Written through the release layout
 (`write_mssl`; AMDNet's CLIP layout with sentence vectors for `text_feature='clip'`) and
 prepared into shards (`write_shards`, `ensure`); everything is a function of (size, seed,
-text feature).
+text feature). Concept pairs recur across videos, so a query's content is planted in other
+videos too: the shard folder and the release layout also hold the test split's dense files
+(`dense_ground_truth`, `write_dense`; docs/dense_eval.md).
 """
 
 from collections.abc import Callable
@@ -30,7 +32,9 @@ _log = logging.getLogger(__name__)
 
 COLLECTION = 'synthetic'
 VISUAL_FEATURE = 'synthetic'
-GENERATOR_VERSION = 2
+# 3: the shard folder also holds the test split's dense ground truth (features unchanged).
+GENERATOR_VERSION = 3
+DENSE_SPLIT = 'test'  # the split the dense ground truth describes
 _SPLITS = ('train', 'val', 'test')
 _AR = 0.9  # background AR(1) coefficient per frame
 
@@ -105,11 +109,15 @@ SIZES = {
 
 @dataclasses.dataclass
 class SplitData:
-  """One generated split, in release form."""
+  """One generated split, in release form, with the content of its queries and videos."""
   videos: dict[str, np.ndarray]                       # video_id -> [T, Dv] raw frames
   captions: list[tuple[str, str]]                     # (cap_id, text), caption-file order
   caption_features: dict[str, np.ndarray]             # cap_id -> [n, Dq] raw tokens
   moments: dict[str, tuple[float, float, float]]      # cap_id -> (start, end, duration) s
+  # cap_id -> the query's concept pair (ascending).
+  query_concepts: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  # video_id -> the concept pairs that fill at least one of its frames at full weight.
+  video_concepts: dict[str, set[tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -157,8 +165,18 @@ def _plant(latent: np.ndarray, content: np.ndarray, span: tuple[int, int], stren
   latent[start:end] = (1 - weight[:, None]) * latent[start:end] + weight[:, None] * strength * content
 
 
+def _label(labels: list[tuple[int, int] | None], pair: np.ndarray, span: tuple[int, int]
+           ) -> None:
+  """Records which concept pair `_plant` put on each frame at full weight (None: a blend)."""
+  start, end = span
+  labels[start:end] = [tuple(sorted(int(c) for c in pair))] * (end - start)
+  if end - start > 2:
+    labels[start] = labels[end - 1] = None
+
+
 def _video(rng: np.random.Generator, spec: Spec, world: _World):
-  """Frame latents `[T, latent_dim]` and the planted moments `[(concept pair, span)]`."""
+  """Frame latents `[T, latent_dim]`, the planted moments `[(concept pair, span)]` and the
+  concept pairs filling at least one frame at full weight (moments, intact distractors)."""
   num_frames = int(rng.integers(spec.frames[0], spec.frames[1] + 1))
   scene = world.scenes[rng.integers(len(world.scenes))]
   # A stationary AR(1) walk around the scene: smooth, never-queried background.
@@ -166,9 +184,12 @@ def _video(rng: np.random.Generator, spec: Spec, world: _World):
   gain = np.sqrt(1 - _AR**2)
   walk, _ = scipy.signal.lfilter([gain], [1, -_AR], eps, axis=0, zi=(1 - gain) * eps[:1])
   latent = spec.clutter * (scene + spec.background_drift * walk)
+  labels = [None] * num_frames
   for _ in range(int(rng.integers(spec.distractors_per_video[0], spec.distractors_per_video[1] + 1))):
     pair = world.distractors[rng.integers(len(world.distractors))]
-    _plant(latent, _unit(world.concepts[pair].sum(0)), _span(rng, spec, num_frames), spec.moment_strength)
+    span = _span(rng, spec, num_frames)
+    _plant(latent, _unit(world.concepts[pair].sum(0)), span, spec.moment_strength)
+    _label(labels, pair, span)
   # Moments are planted after (over) the distractors and never overlap each other; a
   # moment that finds no free room is left out (long first moments leave fewer).
   moments = []
@@ -178,8 +199,9 @@ def _video(rng: np.random.Generator, spec: Spec, world: _World):
     if span is None:
       break
     _plant(latent, _unit(world.concepts[pair].sum(0)), span, spec.moment_strength)
+    _label(labels, pair, span)
     moments.append((pair, span))
-  return latent, moments
+  return latent, moments, {label for label in labels if label is not None}
 
 
 def _query(rng: np.random.Generator, spec: Spec, world: _World, pair: np.ndarray):
@@ -213,8 +235,9 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
     data = SplitData({}, [], {}, {})
     for v in range(count):
       video_id = f'{name}{v:05d}'
-      latent, moments = _video(rng, spec, world)
+      latent, moments, content = _video(rng, spec, world)
       data.videos[video_id] = latent
+      data.video_concepts[video_id] = content
       duration = len(latent) * spec.seconds_per_frame
       num_queries = int(rng.integers(spec.queries_per_video[0], spec.queries_per_video[1] + 1))
       # Every moment gets a query before any gets a second one.
@@ -225,6 +248,7 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
         data.captions.append((cap_id, text))
         data.caption_features[cap_id] = tokens
         data.moments[cap_id] = (start * spec.seconds_per_frame, end * spec.seconds_per_frame, duration)
+        data.query_concepts[cap_id] = tuple(sorted(int(c) for c in pair))
     w_visual = world.w_visual.astype(np.float32)
     noise = lambda n: rng.standard_normal((n, spec.visual_dim), np.float32) * spec.frame_noise
     if spec.joint_space:
@@ -244,10 +268,47 @@ def generate(spec: Spec, seed: int = 0) -> dict[str, SplitData]:
   return out
 
 
+def dense_ground_truth(split: SplitData) -> list[tuple[str, list[str]]]:
+  """`[(cap_id, positive video ids)]` in caption-file order: every video whose frames hold the
+  query's concept pair at full weight (a planted moment, or a distractor of the same pair that
+  no moment covers entirely) is a positive; the query's own video first, the others in video
+  order. Honest by construction: the query's content is planted in each of them."""
+  holders: dict[tuple[int, int], list[str]] = {}
+  for video_id, content in split.video_concepts.items():
+    for pair in content:
+      holders.setdefault(pair, []).append(video_id)
+  out = []
+  for cap_id, _ in split.captions:
+    own = release_lib.video_id_of(cap_id)
+    videos = holders.get(split.query_concepts[cap_id], [])
+    if own not in videos:  # a query's moment is never overwritten (moments do not overlap)
+      raise AssertionError(f'synthetic: query {cap_id} has lost its moment')
+    out.append((cap_id, [own] + [v for v in videos if v != own]))
+  return out
+
+
+def write_dense(split: SplitData, folder: str) -> tuple[str, str]:
+  """Writes `split`'s dense multi-ground-truth files into `folder` in prvr-ea's layout
+  (`syntheticdenseval.caption.txt`: the split's captions; `syntheticdenseval.gt.jsonl`: one
+  `{"query_id", "caption", "gt_video_ids"}` line per query, `dense_ground_truth`); returns
+  (caption file, ground-truth file)."""
+  from prvr_jax.data import dense_gt  # pylint: disable=g-import-not-at-top
+  stem = os.path.join(folder, dense_gt.default_stem(COLLECTION))
+  caption_path, gt_path = stem + dense_gt.CAPTION_SUFFIX, stem + dense_gt.GT_SUFFIX
+  release_lib.write_captions(caption_path, split.captions)
+  text = dict(split.captions)
+  with open(gt_path, 'w', encoding='utf-8') as f:
+    for cap_id, videos in dense_ground_truth(split):
+      f.write(json.dumps({'query_id': cap_id, 'caption': text[cap_id], 'gt_video_ids': videos})
+              + '\n')
+  return caption_path, gt_path
+
+
 def write_mssl(data: dict[str, SplitData] | Callable[[], dict[str, SplitData]], root: str,
                text_feature: str = 'roberta') -> str:
   """Writes the release layout under `root` (MS-SL's, or AMDNet's CLIP layout with sentence
-  vectors for `text_feature='clip'`) with moment spans; returns the collection folder. `data`
+  vectors for `text_feature='clip'`) with moment spans and the test split's dense ground truth
+  (`write_dense`); returns the collection folder. `data`
   may be the function that generates it, called once the folder is known to be new (a refusal
   then costs no generation)."""
   with release_lib.ReleaseWriter(root, COLLECTION, VISUAL_FEATURE, text_feature) as writer:
@@ -265,13 +326,15 @@ def write_mssl(data: dict[str, SplitData] | Callable[[], dict[str, SplitData]], 
       # Six significant digits, the benchmark's precision.
       writer.write_moments(name, ((c, *(float(f'{t:.6g}') for t in split.moments[c]))
                                   for c, _ in split.captions))
+  write_dense(data[DENSE_SPLIT], writer.collection_dir)  # prvr-ea's place: the collection folder
   return writer.collection_dir
 
 
 def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
                  text_feature: str = 'roberta') -> str:
   """Generates the benchmark and writes its shard folder `out_dir` (sentence vectors, one
-  query token, for `text_feature='clip'`); returns it."""
+  query token, for `text_feature='clip'`) with the test split's dense ground truth
+  (`write_dense`); returns it."""
   from prvr_jax.data import prepare  # pylint: disable=g-import-not-at-top
   if text_feature not in release_lib.TEXT_FEATURES:
     raise ValueError(f'config.data.text_feature must be one of {release_lib.TEXT_FEATURES}, '
@@ -283,7 +346,8 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
   release_root = tempfile.mkdtemp(prefix=f'.{name}.release-', dir=parent)
   try:
     prepare.check_out(release_root, out_dir)  # before generating
-    write_mssl(generate(spec, seed), release_root, text_feature)
+    data = generate(spec, seed)
+    write_mssl(data, release_root, text_feature)
     prepare.prepare_shards(release_root, out_dir, collection=COLLECTION,
                            visual_feature=None if clip else VISUAL_FEATURE,
                            text_feature=text_feature, splits=_SPLITS,
@@ -291,6 +355,7 @@ def write_shards(spec: Spec, out_dir: str, seed: int = 0, num_shards: int = 0,
                            num_clips=spec.num_clips, max_frames=spec.max_frames,
                            visual_dim=spec.visual_dim, query_dim=spec.query_dim,
                            num_shards=num_shards)
+    write_dense(data[DENSE_SPLIT], out_dir)
   finally:
     shutil.rmtree(release_root, ignore_errors=True)
   return out_dir

@@ -4,9 +4,10 @@
   result = evaluator.evaluate(params, data.eval_split('test'))
 """
 
-from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery, text_to_video_ranks
+from prvr_jax.eval.evaluator import DenseResult, EvalResult, Evaluator, Gallery
+from prvr_jax.eval.evaluator import dense_results, text_to_video_ranks
 from prvr_jax.eval.outputs import write_outputs
-from prvr_jax.eval.splits import EvalSplit
+from prvr_jax.eval.splits import DenseTargets, EvalSplit
 
-__all__ = ['EvalResult', 'EvalSplit', 'Evaluator', 'Gallery', 'text_to_video_ranks',
-           'write_outputs']
+__all__ = ['DenseResult', 'DenseTargets', 'EvalResult', 'EvalSplit', 'Evaluator', 'Gallery',
+           'dense_results', 'text_to_video_ranks', 'write_outputs']

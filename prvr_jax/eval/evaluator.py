@@ -21,7 +21,9 @@ Protocol (the official validation code): R@1/5/10/100 and SumR from the ranks; v
 ranks and the `[queries, videos]` score matrix (rows by query key, columns by video key)
 come from the matrix gathered on the hosts. Models whose video encodings depend on their
 batch (`ModelSpec.encoding_depends_on_batch`, GMMFormer's frame windows) are only evaluated
-on the official chunks: consecutive videos in first-appearance order.
+on the official chunks: consecutive videos in first-appearance order. A split with dense
+targets (`EvalSplit.dense`) also gets the dense multi-ground-truth metrics `dense_*` from the
+same matrix (`dense_results`; docs/dense_eval.md).
 """
 
 import collections
@@ -44,7 +46,8 @@ import tqdm
 from prvr_jax import metrics as metrics_lib
 from prvr_jax import parallel
 from prvr_jax.files import short
-from prvr_jax.eval.splits import EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY, VIDEO_KEY, VIDEO_SEED
+from prvr_jax.eval.splits import DenseTargets, EvalSplit, GROUND_TRUTH_KEY, QUERY_KEY
+from prvr_jax.eval.splits import VIDEO_KEY, VIDEO_SEED
 from prvr_jax.eval.splits import video_seeds
 from prvr_jax.layers import precision
 from prvr_jax.models import registry
@@ -73,15 +76,69 @@ _R = TypeVar('_R')
 
 
 @dataclasses.dataclass
+class DenseResult:
+  """Per-query results of the dense multi-ground-truth protocol (`dense_results`).
+
+  Attributes:
+    targets: what was evaluated (`splits.DenseTargets`: queries, positives, files).
+    positive_ranks: `[Nd, P]` rank of each positive among the candidates (0 = padding), in
+      the order of `targets.positive_ids`.
+    single_ranks: `[Nd]` rank of each query's own video among the same candidates.
+    ap: `[Nd]` average precision over the positives, in [0, 1].
+    ndcg: `[Nd]` binary nDCG@10, in [0, 1].
+  """
+  targets: DenseTargets
+  positive_ranks: np.ndarray
+  single_ranks: np.ndarray
+  ap: np.ndarray
+  ndcg: np.ndarray
+
+  def records(self) -> Iterator[dict[str, Any]]:
+    """One JSON-ready dict per dense query, in ground-truth file order (the export)."""
+    t = self.targets
+    for i, query_id in enumerate(t.query_ids):
+      count = len(t.positive_ids[i])
+      ranks = [int(r) for r in self.positive_ranks[i, :count]]
+      yield {'query_id': query_id, 'positives': list(t.positive_ids[i]),
+             'positive_ranks': ranks, 'best_rank': min(ranks),
+             'single_rank': int(self.single_ranks[i]), 'ap': float(self.ap[i]),
+             'ndcg10': float(self.ndcg[i])}
+
+
+@dataclasses.dataclass
 class EvalResult:
-  """metrics: flat dict (see `metrics.summarize`); scores: `[Nq, Nv]` float32 by keys;
+  """metrics: flat dict (see `metrics.summarize`; `dense_*` too for a split with dense
+  targets, `dense_results`); scores: `[Nq, Nv]` float32 by keys;
   ranks: `[Nq]` text-to-video rank of each query; timings: seconds of each phase that ran
   (`PHASES`; no `encode_videos` for a gallery given to `evaluate`) and `total`, the whole
-  `evaluate` call."""
+  `evaluate` call; dense: the per-query dense results, or None (single protocol)."""
   metrics: dict[str, float]
   scores: np.ndarray
   ranks: np.ndarray
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
+  dense: DenseResult | None = None
+
+
+DENSE_NDCG_K = 10
+
+
+def dense_results(scores: np.ndarray, targets: DenseTargets
+                  ) -> tuple[dict[str, float], DenseResult]:
+  """The dense multi-ground-truth metrics of a split's `[Nq, Nv]` score matrix (the one the
+  single-ground-truth metrics come from): the dense queries' rows against the candidate
+  columns, every positive ranked under `metrics`'s tie rule. Returns the flat metrics,
+  prefixed `dense_` (`metrics.multi_positive_metrics`, plus `dense_single_*`: single-ground-
+  truth R@K of the same queries against the same candidates, `dense_num_videos` and
+  `dense_num_positives`), and the per-query results."""
+  block = np.asarray(scores)[np.ix_(targets.rows, targets.columns)]
+  positive = metrics_lib.positive_ranks(block, targets.positives)
+  single = metrics_lib.positive_ranks(block, targets.own[:, None])[:, 0]
+  out = metrics_lib.multi_positive_metrics(positive, ndcg_k=DENSE_NDCG_K, prefix='dense_')
+  out.update(metrics_lib.recalls(single, prefix='dense_single_'))
+  out['dense_num_videos'] = int(targets.columns.size)
+  out['dense_num_positives'] = int((targets.positives >= 0).sum())
+  per_query = metrics_lib.multi_positive_per_query(positive, DENSE_NDCG_K)
+  return out, DenseResult(targets, positive, single, per_query['ap'], per_query['ndcg'])
 
 
 def pipelined(items: Iterable[_T], dispatch: Callable[[_T], _R], in_flight: int = IN_FLIGHT,
@@ -441,11 +498,15 @@ class Evaluator:
         reranked = metrics_lib.dual_softmax(scores)
         metrics.update({f'dsl_{k}': v for k, v in metrics_lib.retrieval_metrics(
             reranked, ground_truth).items() if not k.startswith('num_')})
+      dense = None
+      if data.dense is not None:  # from the same scores, beside the single-GT metrics
+        dense_metrics, dense = dense_results(scores, data.dense)
+        metrics.update(dense_metrics)
       bar.update()
     timings = dict(phases.timings)
     timings['total'] = time.perf_counter() - start
     logging.info('Evaluation: %.2f s in all.', timings['total'])
-    return EvalResult(metrics, scores, ranks, timings)
+    return EvalResult(metrics, scores, ranks, timings, dense)
 
 
 def _device_major(keys: np.ndarray, rows: int, devices: int) -> np.ndarray:

@@ -1,9 +1,12 @@
 """What an evaluation of a checkpoint or an index leaves: a checkpoint loaded with its data and
-checked against it, then metrics.json and scores.npy (`prvr-evaluate`, `index.evaluate_index`)."""
+checked against it, then metrics.json and scores.npy, and dense_queries.jsonl under the dense
+protocol (`prvr-evaluate`, `index.evaluate_index`)."""
 
 from collections.abc import Mapping
+import dataclasses
 import hashlib
 import io
+import json
 import os
 from typing import Any
 
@@ -20,6 +23,7 @@ from prvr_jax.models import registry
 
 METRICS_FILE = 'metrics.json'
 SCORES_FILE = 'scores.npy'
+DENSE_FILE = 'dense_queries.jsonl'
 LOCK_FILE = '.evaluate.lock'
 
 
@@ -27,19 +31,29 @@ def write_outputs(output_dir: str, result: EvalResult, info: Mapping[str, Any]) 
   """`<output_dir>/metrics.json` (metrics, `info`, `timings`: the seconds of each phase of the
   evaluation, and the sha256 of the scores file) and
   `<output_dir>/scores.npy`, published together (`files.publish`: metrics.json last, so a
-  metrics.json always describes the scores.npy beside it)."""
+  metrics.json always describes the scores.npy beside it). Under the dense protocol also
+  `<output_dir>/dense_queries.jsonl` (one line per dense query: `DenseResult.records`),
+  published with them; metrics.json then names the dense files read (`dense_files`, with
+  their sha256) and the sha256 of dense_queries.jsonl."""
   scores = io.BytesIO()
   files.npy_writer(result.scores)(scores)
   scores = scores.getvalue()
   metrics = {**result.metrics, **info, 'timings': dict(result.timings),
              'scores_sha256': hashlib.sha256(scores).hexdigest()}
+  written = {SCORES_FILE: lambda f: f.write(scores)}
+  if result.dense is not None:
+    dense = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in result.dense.records())
+    dense = dense.encode('utf-8')
+    metrics.update(dense_files=dict(result.dense.targets.files),
+                   dense_queries_sha256=hashlib.sha256(dense).hexdigest())
+    written[DENSE_FILE] = lambda f: f.write(dense)
+  written[METRICS_FILE] = files.json_writer(metrics)
   os.makedirs(output_dir, exist_ok=True)
   # Two evaluations publishing into one folder at once could pair one's metrics with the
   # other's scores.
   with files.folder_lock(output_dir, LOCK_FILE, 'evaluation writing its outputs',
                          '--output_dir'):
-    files.publish(output_dir, {SCORES_FILE: lambda f: f.write(scores),
-                               METRICS_FILE: files.json_writer(metrics)}, marker=METRICS_FILE)
+    files.publish(output_dir, written, marker=METRICS_FILE)
 
 
 def check_data(trained_on: Mapping[str, Any] | None, evaluated_on: Mapping[str, Any],
@@ -81,8 +95,21 @@ def load_split(config: Any, split: str, workdir: str, trained_on: Mapping[str, A
   if cross:
     logging.warning('Cross-dataset: %s was trained on other data than split %r of %s.',
                     source_path, split_name, shards.dir)
-  return dict(shards=shards, data=shards.eval_split(split), evaluated_on=evaluated_on,
-              cross=cross)
+  data = shards.eval_split(split)
+  if config.eval.get('protocol', 'single') == 'dense':
+    data = dataclasses.replace(data, dense=dense_targets(config, data, shards.dir, split_name))
+  return dict(shards=shards, data=data, evaluated_on=evaluated_on, cross=cross)
+
+
+def dense_targets(config: Any, data: Any, data_dir: str, split_name: str) -> Any:
+  """The dense multi-ground-truth targets of `data` (an `EvalSplit` of split `split_name`):
+  the dense files `dense_gt.locate` finds for `config` (`data_dir`: the run's data folder),
+  read, checked and aligned with the split's keys (`dense_gt`; docs/dense_eval.md)."""
+  from prvr_jax.data import dense_gt  # pylint: disable=g-import-not-at-top
+  dense = dense_gt.read(*dense_gt.locate(config, data_dir))
+  logging.info('Dense evaluation: %d queries, %d candidate videos from %s.',
+               len(dense.query_ids), len(dense.video_ids), dense.gt_path)
+  return dense_gt.align(dense, data.caption_ids, data.video_ids, split_name)
 
 
 def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fallback_dir: str,
@@ -140,3 +167,8 @@ def finish(config: Any, result: EvalResult, output_dir: str, split: str,
   logging.info('%s on %s: R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR %.1f -> %s',
                source, split,
                *(result.metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')), output_dir)
+  if result.dense is not None:
+    logging.info('%s on %s, dense (%d queries): R@1 %.1f R@5 %.1f R@10 %.1f R@100 %.1f SumR '
+                 '%.1f mAP %.1f nDCG@10 %.1f', source, split, result.metrics['dense_num_queries'],
+                 *(result.metrics[f'dense_{k}'] for k in ('r1', 'r5', 'r10', 'r100', 'sumr',
+                                                          'map', 'ndcg10')))

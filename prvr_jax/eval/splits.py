@@ -27,6 +27,31 @@ def video_seeds(video_ids: Sequence[str]) -> np.ndarray:
                    & 0x7FFFFFFF for v in video_ids], np.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class DenseTargets:
+  """The dense multi-ground-truth targets of a split (`prvr_jax.data.dense_gt.align`): several
+  positive videos per query, by key (docs/dense_eval.md).
+
+  Attributes:
+    rows: `[Nd]` query key of each dense query (ground-truth file order).
+    columns: `[Nc]` the candidate videos' keys, ascending (the videos of the dense caption
+      file; ties still break by video key).
+    positives: `[Nd, P]` each query's positives as positions in `columns`, -1 = padding.
+    own: `[Nd]` position in `columns` of each query's own video (its caption id's video).
+    query_ids: `[Nd]` query ids.
+    positive_ids: `[Nd]` each query's positive video ids, in file order.
+    files: where the targets come from: `captions` and `ground_truth` (paths) and their
+      `captions_sha256` / `ground_truth_sha256`.
+  """
+  rows: np.ndarray
+  columns: np.ndarray
+  positives: np.ndarray
+  own: np.ndarray
+  query_ids: Sequence[str]
+  positive_ids: Sequence[Sequence[str]]
+  files: Mapping[str, str]
+
+
 @dataclasses.dataclass
 class EvalSplit:
   """One evaluation split.
@@ -40,9 +65,12 @@ class EvalSplit:
     video_ids: `[Nv]` video ids (key -> id).
     caption_ids: `[Nq]` caption ids (key -> id).
     moment_ratio: `[Nq]` moment length / video length by query key, or None.
+    dense: the dense multi-ground-truth targets (`DenseTargets`), or None: the evaluator then
+      reports the dense metrics (`dense_*`) beside the single-ground-truth ones.
   """
   video_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
   query_batches: Callable[[], Iterable[Mapping[str, np.ndarray]]]
   video_ids: Sequence[str]
   caption_ids: Sequence[str]
   moment_ratio: np.ndarray | None = None
+  dense: DenseTargets | None = None

@@ -12,7 +12,9 @@ split.
 `<output_dir>/metrics.json` (text-to-video r1/r5/r10/r100/sumr, v2t_*, M/V groups when spans
 are known, and what produced them: checkpoint path, step and parameter sha256, model and config
 fingerprints, data identities; `eval.outputs.provenance`) and `<output_dir>/scores.npy`
-([queries in caption-file order, videos in first-appearance order], float32); with `--plots`
+([queries in caption-file order, videos in first-appearance order], float32); with
+`--config.eval.protocol=dense` also the dense multi-ground-truth metrics `dense_*` in
+metrics.json and `<output_dir>/dense_queries.jsonl` (docs/dense_eval.md); with `--plots`
 also the PNG pictures of docs/plots.md. A refusal (bad data pairing, a checkpoint that is not
 one) exits non-zero with its message, naming the file or flag at fault, as the last line.
 Multi-host flags as prvr-train.

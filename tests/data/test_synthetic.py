@@ -3,6 +3,7 @@
 import dataclasses
 import os
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -10,6 +11,8 @@ import support
 support.require_tensorflow()
 
 from prvr_jax import baselines
+from prvr_jax import metrics
+from prvr_jax.data import dense_gt
 from prvr_jax.data import pipeline
 from prvr_jax.data import release as release_lib
 from prvr_jax.data import synthetic
@@ -77,6 +80,11 @@ def test_mssl_layout_reads_back_with_moments(tmp_path):
   video_id = split.video_ids[0]
   np.testing.assert_array_equal(split.raw_video_features(video_id), data['val'].videos[video_id])
   moments = release_lib.read_moments(os.path.join(root, 'TextData', 'syntheticval.moments.txt'))
+  # The test split's dense ground truth, in the collection folder as prvr-ea lays it out.
+  config = ml_collections.ConfigDict({'data': {'dir': root, 'collection': synthetic.COLLECTION}})
+  dense = dense_gt.read(*dense_gt.locate(config, ''))
+  assert list(zip(dense.query_ids, map(list, dense.positives))) == (
+      synthetic.dense_ground_truth(data['test']))
   for cap_id, (start, end, duration) in data['val'].moments.items():
     # Seconds written as text and read back: relative to the video's duration.
     support.assert_close(moments[cap_id], (start, end, duration), rtol=1e-5, scale=duration)
@@ -101,6 +109,32 @@ def test_ensure_reuses_and_baselines_rank(tmp_path):
   scores, _ = baselines.mean_pooled_scores(shards, 'test')
   assert scores.shape == (len(index.caption_ids), len(index.video_ids))
   assert '| mean_pooled |' in baselines.format_table(results)
+
+  # The test split's dense ground truth lies in the shard folder, where `--config.eval.protocol
+  # =dense` finds it, and describes the shards' test split: every query, by its keys.
+  config = ml_collections.ConfigDict({'data': {'dir': '', 'collection': synthetic.COLLECTION}})
+  dense = dense_gt.read(*dense_gt.locate(config, path))
+  targets = dense_gt.align(dense, index.caption_ids, index.video_ids, 'test')
+  expected = synthetic.dense_ground_truth(synthetic.generate(synthetic.SIZES['tiny'], 0)['test'])
+  assert [(q, list(p)) for q, p in zip(dense.query_ids, dense.positives)] == expected
+  assert sorted(targets.rows.tolist()) == list(range(len(index.caption_ids)))
+  np.testing.assert_array_equal(targets.columns, np.arange(len(index.video_ids)))
+  # With one positive per query the dense R@K is the single-GT R@K of the same scores.
+  rank = metrics.positive_ranks(scores[targets.rows], targets.positives[:, :1])
+  single = metrics.text_to_video_ranks(scores, index.caption_video_index)[targets.rows]
+  np.testing.assert_array_equal(rank[:, 0], single)
+
+
+def test_dense_ground_truth_names_every_video_holding_the_query_content():
+  data = synthetic.generate(synthetic.SIZES['tiny'], seed=0)['test']
+  truth = synthetic.dense_ground_truth(data)
+  assert [q for q, _ in truth] == [c for c, _ in data.captions]
+  for cap_id, videos in truth:
+    pair = data.query_concepts[cap_id]
+    assert videos[0] == release_lib.video_id_of(cap_id)  # its own video first
+    assert sorted(videos) == sorted(v for v, held in data.video_concepts.items() if pair in held)
+  # Concept pairs recur: some queries have several positives (7 of the 39 of this split).
+  assert sum(len(videos) > 1 for _, videos in truth) == 7
 
 
 def test_ridge_recovers_a_linear_map():
