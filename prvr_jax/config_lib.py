@@ -312,6 +312,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'data.allow_split_overlap': _flag,
     'data.host_sharded_reading': _flag,
     'data.source': _choice('shards', 'frames'),
+    'data.query_tokens': _flag,
     'data.placement': _choice('stream', 'device'),
 }
 

@@ -60,17 +60,19 @@ def pretrained_params(config: Any) -> Params:
   `config.train.seed` (CLIP's logit scale on features; random towers only for the 'tiny'
   backbone of tests and smoke runs, refused for a real one)."""
   model = config.model
-  params = jax.device_get(SPEC.init_params(model, jax.random.key(config.train.seed)))
   path = model.get('clip_weights', '')
-  if path:
-    _, clip_params = clip_weights.load(path)
-    return into_model(params, clip_params, f'config.model.clip_weights={path}')
-  towers = [name for name in ('visual', 'text') if name in params]
-  if towers and model.backbone != 'tiny':
+  towers = [name for name, used in (('image', model.video_input == 'frames'),
+                                    ('text', model.query_input == 'tokens')) if used]
+  if towers and not path and model.backbone != 'tiny':
     raise ValueError(f'clip_zero_shot runs CLIP {model.backbone}\'s {" and ".join(towers)} '
                      'tower(s) but config.model.clip_weights is empty: set it to a CLIP '
                      'weights file (OpenAI / open_clip / Hugging Face, docs/clip.md)')
-  return params
+  if not path:
+    init = jax.jit(lambda key: SPEC.init_params(model, key))
+    return jax.device_get(init(jax.random.key(config.train.seed)))
+  # Every parameter is a part of CLIP's: the shapes suffice, nothing is initialised.
+  _, clip_params = clip_weights.load(path)
+  return into_model(SPEC.param_shapes(model), clip_params, f'config.model.clip_weights={path}')
 
 
 SPEC = ModelSpec(
