@@ -85,8 +85,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   an exact resume depends on (`workdir.EXACT_RESUME_FIELDS`) and the training data; other
   changed fields need `allow_config_change` and are recorded in `config_history.jsonl`.
   """
-  config_lib.validate(config)
   check_trainable(config)
+  config_lib.validate(config)
   _check_batch_size(config)
   if config.train.get('plots', False):
     plots.require_matplotlib()
