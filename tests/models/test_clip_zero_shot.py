@@ -243,3 +243,9 @@ def test_evaluate_a_clip_release_without_a_checkpoint(tiny_clip, tmp_path, monke
     frames[k, :lengths[v]], mask[k, :lengths[v]] = videos[v], 1
   expected = _numpy_scores(np.asarray(texts), frames, mask, 'max')
   support.assert_close(result.scores, expected, rtol=support.f32_rtol(dim, ops=8), scale=1.0)
+  # prvr-index build without --checkpoint, then evaluate.py --index: the same ranks.
+  from prvr_jax import index as index_lib  # pylint: disable=g-import-not-at-top
+  built = index_lib.build_from_checkpoint(config, None, 'test', str(tmp_path / 'index'))
+  assert built.manifest['info']['checkpoint_source'] == 'pretrained'
+  from_index = index_lib.evaluate_index(config, built.path, 'test', str(tmp_path / 'from_index'))
+  np.testing.assert_array_equal(from_index.ranks, result.ranks)
