@@ -96,8 +96,8 @@ def test_a_model_name_resolves_to_the_shipped_config():
   as_path = ['train.py', '--config=configs/gmmformer.py:tiny']
   assert config_lib.resolve_config_flag(as_path) == as_path  # a file path is kept
   with pytest.raises(SystemExit, match=r'--config=gmmformr:tiny: no config file gmmformr, and '
-                     r'no shipped model config of that name \(shipped: amdnet, dreamprvr, '
-                     r'gmmformer, '):
+                     r'no shipped model config of that name \(shipped: amdnet, clip_zero_shot, '
+                     r'dreamprvr, gmmformer, '):
     config_lib.resolve_config_flag(['train.py', '--config=gmmformr:tiny'])
   with pytest.raises(SystemExit, match=r'Unknown config key --config.train.bach_size'):
     config_lib.resolve_config_flag(['p', '--config=gmmformer', '--config.train.bach_size=3'])
