@@ -1,7 +1,8 @@
-"""Zero-shot CLIP (no training): CLIP's text feature against a video's pooled frame
-embeddings, mean-pooled as CLIP4Clip's parameter-free meanP (Luo et al., 2022) or max-pooled
-over frames (the PRVR analogue: a video is as relevant as its best frame), on a CLIP feature
-release or on frames through CLIP's image tower (docs/clip_zero_shot.md).
+"""Zero-shot CLIP (Radford et al., ICML 2021; meanP of CLIP4Clip, Luo et al., Neurocomputing
+2022): nothing trained, CLIP's text feature against a video's pooled frame embeddings,
+mean-pooled as CLIP4Clip's parameter-free meanP or max-pooled over frames (the PRVR analogue:
+a video is as relevant as its best frame), on a CLIP feature release or on frames through
+CLIP's image tower (docs/clip_zero_shot.md).
 
 Parameters (`jax.eval_shape`, configs/clip_zero_shot.py): on CLIP features (`tvr_clip`,
 `activitynet_clip`, `charades_clip`, `synthetic`, `tiny`) only CLIP's logit scale, 1 (it
