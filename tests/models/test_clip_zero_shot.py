@@ -98,7 +98,8 @@ def test_max_over_one_frame_videos_and_top_k_beyond_the_frames():
 
 @pytest.fixture(scope='module')
 def tiny_clip():
-  """A random tiny CLIP (`clip.backbone_config('tiny')`): params, frames `[B, F, S, S, 3]`, tokens."""
+  """A random tiny CLIP (`clip.backbone_config('tiny')`): params, frames `[B, F, S, S, 3]`,
+  tokens."""
   config = TINY
   rng = np.random.default_rng(2)
   frames = rng.normal(size=(3, 2, config.image_size, config.image_size, 3)).astype(np.float32)
