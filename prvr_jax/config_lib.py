@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 
 VARIANTS = ('synthetic', 'tiny', 'tvr', 'activitynet', 'charades', 'qvhighlights', 'msrvtt',
-            'msrvtt_features', 'didemo', 'lsmdc')
+            'msrvtt_features', 'didemo', 'lsmdc', 'tvr_clip', 'activitynet_clip', 'charades_clip')
 
 # The MS-SL feature release: feature folder and input dims per collection; QVHighlights as
 # converted by `prvr_jax.data.qvhighlights` (SlowFast + CLIP clips, CLIP text tokens).
@@ -37,6 +37,12 @@ DATASETS: dict[str, dict[str, Any]] = {
                   text_feature='clip', collection=collection)
        for name, collection in (('msrvtt', 'msrvtt'), ('msrvtt_features', 'msrvtt'),
                                 ('didemo', 'didemo'), ('lsmdc', 'lsmdc'))},
+    # The CLIP ViT-B/32 feature family of the PRVR collections: AMDNet's release layout
+    # (`FeatureData/new_clip_vit_32_<coll>_vid_features.hdf5`, one sentence vector per caption
+    # in `TextData/clip_ViT_B_32_<coll>_query_feat.hdf5`), 512-d frame and query features.
+    **{f'{collection}_clip': dict(visual_feature='clip', visual_dim=512, query_dim=512,
+                                  text_feature='clip', collection=collection)
+       for collection in ('tvr', 'activitynet', 'charades')},
 }
 
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
@@ -316,6 +322,7 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'data.allow_split_overlap': _flag,
     'data.host_sharded_reading': _flag,
     'data.source': _choice('shards', 'frames'),
+    'data.query_tokens': _flag,
     'data.placement': _choice('stream', 'device'),
 }
 

@@ -10,12 +10,16 @@ import support
 # Text-video retrieval models (one caption per whole video, a joint CLIP space) offer the
 # text-video benchmarks instead of the PRVR feature releases.
 TEXT_VIDEO_MODELS = {'tmass'}
+# Models of CLIP's joint space only (zero-shot CLIP) offer the CLIP feature family instead of
+# the I3D / RoBERTa release.
+CLIP_ONLY_MODELS = {'clip_zero_shot'}
 
 
 @pytest.mark.parametrize('name', models.names())
 def test_every_shipped_config_is_valid(name):
   offered = [v for v in config_lib.VARIANTS if _offers(name, v)]
   datasets = ({'msrvtt', 'msrvtt_features'} if name in TEXT_VIDEO_MODELS
+              else {'tvr_clip', 'activitynet_clip'} if name in CLIP_ONLY_MODELS
               else {'tvr', 'activitynet'})
   assert {'synthetic', 'tiny'} | datasets <= set(offered), name
   for variant in offered:
@@ -92,8 +96,8 @@ def test_a_model_name_resolves_to_the_shipped_config():
   as_path = ['train.py', '--config=configs/gmmformer.py:tiny']
   assert config_lib.resolve_config_flag(as_path) == as_path  # a file path is kept
   with pytest.raises(SystemExit, match=r'--config=gmmformr:tiny: no config file gmmformr, and '
-                     r'no shipped model config of that name \(shipped: amdnet, dreamprvr, '
-                     r'gmmformer, '):
+                     r'no shipped model config of that name \(shipped: amdnet, clip_zero_shot, '
+                     r'dreamprvr, gmmformer, '):
     config_lib.resolve_config_flag(['train.py', '--config=gmmformr:tiny'])
   with pytest.raises(SystemExit, match=r'Unknown config key --config.train.bach_size'):
     config_lib.resolve_config_flag(['p', '--config=gmmformer', '--config.train.bach_size=3'])

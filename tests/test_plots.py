@@ -86,6 +86,9 @@ IDENTITIES = {
                      slice(0, 1)),
 }
 IDENTITIES['dreamprvr'] = IDENTITIES['gmmformer_v2']  # the same stored sets and fusion
+# Zero-shot CLIP's 'max' score is the max of its frame cosines over the real frames.
+IDENTITIES['clip_zero_shot'] = ({'pooling': 'max'},
+                                lambda c, m: np.nanmax(c['frame cosine'], 1), slice(None))
 
 
 @pytest.mark.parametrize('name', [n for n in registry.names()

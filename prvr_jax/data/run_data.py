@@ -128,4 +128,22 @@ def open_run_data(config: Any, workdir: str | None) -> protocol.RunData:
     return protocol.FeaturePairData(**reading, release_dir=data.dir, collection=data.collection)
   if device:
     return resident.DeviceShardData(**reading)
+  if data.get('query_tokens'):
+    return _with_caption_tokens(config, protocol.ShardData(**reading))
   return protocol.ShardData(**reading)
+
+
+def _with_caption_tokens(config: Any, shards: protocol.RunData) -> protocol.RunData:
+  """`shards` whose evaluation queries also hold their captions' CLIP tokens
+  (`config.data.query_tokens`), read from the release folder `config.data.dir`."""
+  from prvr_jax import clip  # pylint: disable=g-import-not-at-top
+  from prvr_jax.data import caption_tokens  # pylint: disable=g-import-not-at-top
+  data = config.data
+  if not data.dir or not _is_release(data.dir):
+    raise ValueError('config.data.query_tokens tokenises the caption files of a release: '
+                     f'config.data.dir={data.dir!r} must be the release folder (TextData/)')
+  tokenizer = clip.Tokenizer(data.get('clip_vocab') or None)
+  context = clip.backbone_config(config.model.backbone).context_length
+  return caption_tokens.CaptionTokenData(
+      shards, data.dir, data.collection,
+      lambda texts: tokenizer(texts, context_length=context, truncate=True))

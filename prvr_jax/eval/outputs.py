@@ -126,6 +126,34 @@ def load_checkpoint_and_data(config: Any, checkpoint_path: str, split: str, fall
                            checkpoint_path, cross_dataset))
 
 
+def load_pretrained_and_data(config: Any, split: str, workdir: str,
+                             cross_dataset: bool = False) -> dict[str, Any]:
+  """`load_checkpoint_and_data` for a model with nothing to train (`ModelSpec.pretrained`):
+  its parameters from the config (e.g. `config.model.clip_weights`), the split's data prepared
+  in `workdir`. info: source 'pretrained', path the weights file (None: none read)."""
+  spec = registry.get_spec(config.model)
+  if spec.trainable:
+    raise ValueError(f'config.model.name={spec.name!r} is a trained model: pass --checkpoint '
+                     '(or --index).')
+  mesh = parallel.make_mesh()
+  params = spec.pretrained(config)
+  info = {'source': 'pretrained', 'path': config.model.get('clip_weights') or None,
+          'workdir': None, 'step': None, 'data': None,
+          'params_sha256': checkpoint.tree_digest(params)}
+  return dict(mesh=mesh, params=parallel.replicate(params, mesh), info=info,
+              **load_split(config, split, workdir, None, info['path'] or spec.name,
+                           cross_dataset))
+
+
+def load_params_and_data(config: Any, checkpoint_path: str | None, split: str,
+                         fallback_dir: str, cross_dataset: bool = False) -> dict[str, Any]:
+  """`load_checkpoint_and_data`, or without a checkpoint `load_pretrained_and_data` (data in
+  `fallback_dir`)."""
+  if checkpoint_path is None:
+    return load_pretrained_and_data(config, split, fallback_dir, cross_dataset)
+  return load_checkpoint_and_data(config, checkpoint_path, split, fallback_dir, cross_dataset)
+
+
 def default_output_dir(info: Mapping[str, Any], checkpoint_path: str, split: str) -> str:
   """`<workdir>/eval_<split>` for our checkpoints, `<file without suffix>_eval_<split>` for
   official files."""

@@ -93,22 +93,27 @@ def evaluation_gallery(index: Index, evaluator: Evaluator, data: EvalSplit) -> G
   return Gallery(encodings, padded, parallel.shard_global_view(padded, evaluator.mesh, rows))
 
 
-def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: str, split: str,
+def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: str | None,
+                          split: str,
                           out_dir: str, dtype: str = 'float32', shard_videos: int = 100_000,
                           overwrite: bool = False, cross_dataset: bool = False) -> Index:
   """`build_index` of `split` with a checkpoint (ours or official), found as evaluate.py finds
   it; the manifest records the checkpoint, its workdir and the data identities, so that
-  `evaluate.py --index` checks the data as `--checkpoint` would."""
+  `evaluate.py --index` checks the data as `--checkpoint` would. `checkpoint_path` None: a
+  model with nothing to train (zero-shot CLIP), its weights from its config
+  (`outputs.load_pretrained_and_data`)."""
   config_lib.validate(config)
   check_not_an_input(out_dir, {'--checkpoint': checkpoint_path,
-                               '--config.data.dir': config.data.get('dir')})
-  loaded = outputs.load_checkpoint_and_data(config, checkpoint_path, split, out_dir + '_data',
+                               '--config.data.dir': config.data.get('dir'),
+                               '--config.model.clip_weights': config.model.get('clip_weights')})
+  loaded = outputs.load_params_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)
   info = loaded['info']
   return build_index(config, loaded['params'], loaded['data'], out_dir, dtype=dtype,
                      shard_videos=shard_videos, overwrite=overwrite, mesh=loaded['mesh'],
                      info={'checkpoint': info['path'], 'checkpoint_source': info['source'],
-                           'checkpoint_arg': os.path.abspath(checkpoint_path),
+                           'checkpoint_arg': (os.path.abspath(checkpoint_path)
+                                              if checkpoint_path else None),
                            'step': info.get('step'),
                            'workdir': info['workdir'], 'trained_on': info['data'],
                            'split': split, 'data': loaded['evaluated_on'],

@@ -154,6 +154,9 @@ class ModelSpec:
       and `Q` videos (row q: query q's video), it returns name -> `[Q, T]`: one curve per
       name over T positions (clips, frames) that cover the video evenly in time order, NaN
       at padded positions (`position_scores`, `real_positions`).
+    pretrained: for a model with nothing to train (zero-shot CLIP), `config -> params`: its
+      parameters from the config alone (pretrained weights); train.py refuses such a model,
+      evaluate.py and `prvr-index build` run it without --checkpoint. None: a trained model.
   """
   name: str
   module: type[nn.Module]
@@ -176,6 +179,12 @@ class ModelSpec:
   candidate_set: str = 'clips'
   candidate_query: str | None = None
   relevance: str | None = None
+  pretrained: Callable[[Any], Params] | None = None
+
+  @property
+  def trainable(self) -> bool:
+    """Whether the model has parameters to train (`pretrained` is None)."""
+    return self.pretrained is None
 
   def inputs(self, config_model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(video inputs, query inputs): the batch keys `config.model`'s module reads."""

@@ -34,14 +34,16 @@ from prvr_jax import runtime
 from prvr_jax.eval import EvalResult, Evaluator, outputs
 
 
-def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
+def evaluate_checkpoint(config: Any, checkpoint_path: str | None, split: str = 'test',
                         output_dir: str | None = None, cross_dataset: bool = False,
                         plots: bool = False) -> EvalResult:
   """Loads, evaluates and writes the outputs (process 0 writes); returns the `EvalResult`.
 
   Args:
     config: the model and data config.
-    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file.
+    checkpoint_path: a train.py workdir / checkpoint folder, or an official PyTorch file;
+      None for a model with nothing to train (zero-shot CLIP: `ModelSpec.pretrained`), whose
+      data is then prepared in `output_dir` (required).
     split: 'test' or 'val'.
     output_dir: default `<workdir>/eval_<split>` for our checkpoints,
       `<file without suffix>_eval_<split>` for official files.
@@ -53,7 +55,10 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
   outputs.check_output_dir(output_dir)
   if plots:
     plots_lib.require_matplotlib()  # before the evaluation, not after it
-  loaded = outputs.load_checkpoint_and_data(
+  if checkpoint_path is None and output_dir is None:
+    raise ValueError(f'{config.model.name} is evaluated without --checkpoint: pass '
+                     '--output_dir (its data is prepared there too).')
+  loaded = outputs.load_params_and_data(
       config, checkpoint_path, split,
       output_dir or outputs.default_output_dir({}, checkpoint_path, split), cross_dataset)
   info = loaded['info']
@@ -64,7 +69,7 @@ def evaluate_checkpoint(config: Any, checkpoint_path: str, split: str = 'test',
     from prvr_jax.models.tmass import released  # pylint: disable=g-import-not-at-top
     result.metrics.update(released.evaluate(config, loaded['params'], loaded['data']))
   outputs.finish(config, result, output_dir, split, info, loaded['evaluated_on'],
-                 loaded['cross'], checkpoint_path)
+                 loaded['cross'], checkpoint_path or config.model.name)
   if plots:
     plots_lib.write_plots(config, loaded['params'], loaded['shards'], split, loaded['data'],
                           result, output_dir, info['workdir'])
@@ -78,7 +83,8 @@ def define_flags() -> None:
       'the data.', lock_config=True)
   flags.DEFINE_string(
       'checkpoint', None, 'A train.py workdir (its best checkpoint), a checkpoint folder in it, '
-      'or an official PyTorch .ckpt/.pth file.')
+      'or an official PyTorch .ckpt/.pth file. Not needed for a model with nothing to train '
+      '(clip_zero_shot: weights from config.model.clip_weights; then pass --output_dir).')
   flags.DEFINE_string(
       'index', None, 'Evaluate from an index of the split built by `prvr-index build` (its '
       'stored videos and model; nothing is re-encoded). With --checkpoint too, the index must '
@@ -115,7 +121,8 @@ def _main(argv: list[str]) -> None:
                          args.cross_dataset, checkpoint_path=args.checkpoint,
                          allow_stale=args.allow_stale_index)
   else:
-    if args.checkpoint is None:
+    from prvr_jax.models import registry  # pylint: disable=g-import-not-at-top
+    if args.checkpoint is None and registry.get_spec(args.config.model).trainable:
       raise app.UsageError('--checkpoint or --index is required.')
     try:
       evaluate_checkpoint(args.config, args.checkpoint, args.split, args.output_dir,

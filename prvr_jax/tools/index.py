@@ -43,7 +43,7 @@ def define_flags() -> None:
       'the data.', lock_config=True)
   flags.DEFINE_string(
       'checkpoint', None, 'build: a train.py workdir / checkpoint folder, or an official PyTorch '
-      'checkpoint file.')
+      'checkpoint file (none for clip_zero_shot: its weights from its config).')
   flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed.')
   flags.DEFINE_string('out', None, 'build: the new index folder; candidates: the folder of the '
                       'candidate files (default <index>/candidates).')
@@ -80,7 +80,10 @@ def _require(**values) -> None:
 
 def _build() -> None:
   from prvr_jax.index import build  # pylint: disable=g-import-not-at-top
-  _require(config=FLAGS.config, checkpoint=FLAGS.checkpoint, out=FLAGS.out)
+  _require(config=FLAGS.config, out=FLAGS.out)
+  from prvr_jax.models import registry  # pylint: disable=g-import-not-at-top
+  if registry.get_spec(FLAGS.config.model).trainable:  # zero-shot models need none
+    _require(checkpoint=FLAGS.checkpoint)
   index = build.build_from_checkpoint(FLAGS.config, FLAGS.checkpoint, FLAGS.split, FLAGS.out,
                                       FLAGS.dtype, FLAGS.shard_videos, FLAGS.overwrite,
                                       FLAGS.cross_dataset)

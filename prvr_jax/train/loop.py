@@ -65,6 +65,17 @@ def _check_batch_size(config: ml_collections.ConfigDict) -> None:
                      f'{devices} devices ({jax.process_count()} processes).')
 
 
+def check_trainable(config: ml_collections.ConfigDict) -> None:
+  """Refuses a model with nothing to train (`ModelSpec.pretrained`, zero-shot CLIP), before
+  any workdir is made, saying how to evaluate it instead."""
+  spec = registry.get_spec(config.model)
+  if not spec.trainable:
+    raise ValueError(
+        f'config.model.name={spec.name!r} has no parameters to train (its weights are '
+        'pretrained, e.g. config.model.clip_weights): nothing to train. Evaluate it with '
+        f'evaluate.py --config=<the same config> --output_dir=<a folder> (no --checkpoint).')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> dict[str, Any] | None:
   """Trains (or resumes) in `workdir`; returns the test metrics of the best checkpoint
@@ -74,6 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   an exact resume depends on (`workdir.EXACT_RESUME_FIELDS`) and the training data; other
   changed fields need `allow_config_change` and are recorded in `config_history.jsonl`.
   """
+  check_trainable(config)
   config_lib.validate(config)
   _check_batch_size(config)
   if config.train.get('plots', False):
