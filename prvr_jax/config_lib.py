@@ -270,6 +270,8 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'model.support_slots': _integer(1),
     'loss.proxy_matching': _number(0),
     'loss.distribution_alignment': _number(0),
+    'model.frame_branch_query': _flag,
+    'loss.dc': _number(0),
     **{f'loss.{k}': _number(0) for k in ('clip_nce', 'frame_nce', 'qdl', 'om', 'margin',
                                           'qdl_gamma')},
     'loss.qdl_alpha': _number(0, low_open=True),
@@ -331,7 +333,8 @@ ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
                 'model.prototype_update': 'detr', 'model.noise': 'per_video',
                 'eval.tmass_official_leak': False, 'model.probabilistic': False,
                 'model.num_samples': 6, 'model.support_slots': 26,
-                'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4}
+                'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4,
+                'model.frame_branch_query': False, 'loss.dc': 0.0}
 OPERATIONAL_FIELDS = ('data.dir', 'train.log_every_steps', 'train.checkpoint_keep',
                       'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')
 
