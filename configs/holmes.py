@@ -1,4 +1,5 @@
-r"""Holmes (ICML 2026, official `src/` variant) with the official per-dataset hyperparameters.
+r"""Holmes (ICML 2026, official `src/` and `multisrc/` variants) with the official per-dataset
+hyperparameters.
 
 Launch (the embedded synthetic benchmark is the default variant):
 
