@@ -285,6 +285,8 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'model.support_slots': _integer(1),
     'loss.proxy_matching': _number(0),
     'loss.distribution_alignment': _number(0),
+    'model.frame_branch_query': _flag,
+    'loss.dc': _number(0),
     **{f'loss.{k}': _number(0) for k in ('clip_nce', 'frame_nce', 'qdl', 'om', 'margin',
                                           'qdl_gamma')},
     'loss.qdl_alpha': _number(0, low_open=True),
@@ -349,7 +351,8 @@ ADDED_FIELDS = {'data.placement': 'stream', 'train.kernels': 'auto',
                 'eval.tmass_official_leak': False, 'model.probabilistic': False,
                 'model.num_samples': 6, 'model.support_slots': 26,
                 'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4,
-                'eval.protocol': 'single', 'data.dense_gt': '', 'data.dense_captions': ''}
+                'eval.protocol': 'single', 'data.dense_gt': '', 'data.dense_captions': '',
+                'model.frame_branch_query': False, 'loss.dc': 0.0}
 OPERATIONAL_FIELDS = ('data.dir', 'data.dense_gt', 'data.dense_captions',
                       'train.log_every_steps', 'train.checkpoint_keep',
                       'train.checkpoint_every_steps', 'train.stop_after_steps', 'train.plots')

@@ -150,6 +150,28 @@ def inter_video_edl(frame_scores: jax.Array, clip_scores: jax.Array, query_video
                               ('combined', combined_alpha))}
 
 
+def degree_of_conflict(frame_scores: jax.Array, clip_scores: jax.Array,
+                       query_valid: jax.Array, video_valid: jax.Array, tau: float) -> jax.Array:
+  """The official `multisrc/` `get_dc_loss` of the two branches' Dirichlets (cosine scores
+  `[Q, B]`, evidence `exp(tanh(s) / tau)`): per query the distance of their expected
+  probabilities times both certainties, `sum_k |p_frame,k - p_clip,k| (1 - u_frame)
+  (1 - u_clip)` with `p = alpha / S`, `u = K / S` over the real videos; mean over the valid
+  queries. (The official sum over ordered view pairs of half the L1 distance, divided by
+  V - 1, is this for V = 2 views.)"""
+  video_mask = video_valid.astype(jnp.float32)[None, :]
+  count = jnp.sum(video_mask)
+
+  def opinion(scores):
+    alpha = (evidence(scores, tau) + 1) * video_mask
+    strength = jnp.sum(alpha, axis=-1)
+    return alpha / strength[:, None], 1 - count / strength
+
+  (p_frame, c_frame), (p_clip, c_clip) = opinion(frame_scores), opinion(clip_scores)
+  conflict = jnp.sum(jnp.abs(p_frame - p_clip), axis=-1) * c_frame * c_clip
+  weights = query_valid.astype(jnp.float32)
+  return jnp.sum(conflict * weights) / jnp.maximum(weights.sum(), 1.0)
+
+
 def intra_video_edl(similarity: jax.Array, labels: jax.Array, query_mask: jax.Array,
                     tau: float) -> jax.Array:
   """The official `MaskedEDLLoss`: `dirichlet_risk` of each query's row over its video's clips

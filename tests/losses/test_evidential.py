@@ -1,6 +1,9 @@
 """Holmes's evidential losses (`prvr_jax.losses.evidential`): padding changes nothing, the
 lower median is `torch.median`'s, the combined Dirichlet keeps its evidence on the real
-videos. Parity with the official loss: tests/models/test_holmes.py."""
+videos, the degree of conflict is the official view sum. Parity with the official loss:
+tests/models/test_holmes.py and tests/models/test_holmes_multi.py (DC)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,3 +88,32 @@ def test_intra_video_edl_ignores_padded_slots_and_videos_without_queries():
           + (alpha * (s - alpha) / (s * s * (s + 1))).sum(-1))
   m = np.asarray(mask)
   support.assert_close(plain, np.mean((risk * m).sum(1) / m.sum(1)), support.f32_rtol(6, ops=2))
+
+
+def test_degree_of_conflict_is_the_official_view_sum_and_ignores_padding():
+  """The official `get_dc_loss` sums, over ordered view pairs (i, v), half the L1 distance of
+  the expected probabilities over V - 1 times both certainties (numpy, float64, V = 2);
+  padded videos and queries change nothing; equal branches have no conflict."""
+  rng = np.random.default_rng(1)
+  frame, clip = _scores(rng, 8, 4), _scores(rng, 8, 4)
+  tau = 0.2
+  views = []
+  for scores in (frame, clip):
+    alpha = np.exp(np.tanh(np.asarray(scores, np.float64)) / tau) + 1
+    strength = alpha.sum(axis=1, keepdims=True)
+    views.append((alpha / strength, 4 / strength[:, 0]))
+  expected = np.mean(sum((np.abs(views[v][0] - p).sum(axis=1) / 2) / (2 - 1)
+                         * (1 - u) * (1 - views[v][1]) for p, u in views for v in range(2)))
+  pad = lambda s: jnp.pad(s, ((0, 2), (0, 1)), constant_values=0.9)
+
+  @jax.jit
+  def run(frame, clip):
+    dc = functools.partial(evidential.degree_of_conflict, tau=tau)
+    return (dc(frame, clip, jnp.ones(8, bool), jnp.ones(4, bool)),
+            dc(pad(frame), pad(clip), jnp.arange(10) < 8, jnp.arange(5) < 4),
+            dc(frame, frame, jnp.ones(8, bool), jnp.ones(4, bool)))
+
+  ours, padded, same = run(frame, clip)
+  support.assert_close(ours, expected, support.f32_rtol(4, ops=4))
+  support.assert_close(padded, ours, support.f32_rtol(4, ops=4))
+  assert same == 0

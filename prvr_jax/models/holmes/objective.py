@@ -2,7 +2,7 @@
 
   clip_nce * NCE_c + Triplet_c + frame_nce * NCE_f + Triplet_f + qdl * QDL (second encoding)
   + intra_edl * intra-video EDL (from `warmup_epoch` on)
-  + edl * (EDL_frame + EDL_clip + EDL_combined)
+  + edl * (EDL_frame + EDL_clip + EDL_combined) [+ dc * DC]
 
 The retrieval terms and QDL are GMMFormer v2's (`two_branch`, no optimal matching). The EDL
 terms are `prvr_jax.losses.evidential`'s on the cosine scores (`edl_tau`), with one-hot labels
@@ -10,7 +10,9 @@ before `warmup_epoch` and the calibrated labels (`division_beta`, `smooth_beta`)
 intra-video term groups the second query encoding by video, runs `losses.holmes_partial_ot`
 against the video's encoded clips every step (`pot_epsilon`, `pot_bucket_quantile`,
 `pot_iterations`, `pot_tolerance`) and scores its differentiable similarity against the plan's
-labels (`edl_intra_tau`); before `warmup_epoch` it is 0, as officially.
+labels (`edl_intra_tau`); before `warmup_epoch` it is 0, as officially. DC, the `multisrc/`
+degree of conflict of the two branches' Dirichlets (`evidential.degree_of_conflict`), has the
+official weight 0 (`loss.dc`) and is computed only when its weight is not 0.
 """
 
 from collections.abc import Mapping
@@ -52,9 +54,9 @@ def partial_ot_outputs(outputs: Mapping[str, jax.Array], batch: Batch, cfg: Any
 
 def holmes_terms(outputs: Mapping[str, jax.Array], batch: Batch, cfg: Any,
                  epoch: jax.Array) -> dict[str, jax.Array]:
-  """'qdl' (when its weight is not 0), 'intra_edl', 'edl_frame', 'edl_clip', 'edl_combined'
-  (each times its weight), the EDL labels and the intra-video term switched at `epoch >=
-  cfg.warmup_epoch`."""
+  """'qdl' (when its weight is not 0), 'intra_edl', 'edl_frame', 'edl_clip', 'edl_combined',
+  'dc' (when its weight is not 0) (each times its weight), the EDL labels and the intra-video
+  term switched at `epoch >= cfg.warmup_epoch`."""
   terms = two_branch.diversity_and_matching(outputs, batch, cfg)
   after_warmup = epoch >= cfg.warmup_epoch
   pot = partial_ot_outputs(outputs, batch, cfg)
@@ -66,6 +68,10 @@ def holmes_terms(outputs: Mapping[str, jax.Array], batch: Batch, cfg: Any,
       batch['query_valid'], batch['video_valid'], cfg.edl_tau, after_warmup,
       cfg.division_beta, cfg.smooth_beta)
   terms.update({f'edl_{name}': cfg.edl * value for name, value in edl.items()})
+  if cfg.get('dc', 0):  # official `multisrc/` weight 0: computed only when weighted
+    terms['dc'] = cfg.dc * evidential.degree_of_conflict(
+        outputs['frame_scores'], outputs['clip_scores'], batch['query_valid'],
+        batch['video_valid'], cfg.edl_tau)
   return terms
 
 

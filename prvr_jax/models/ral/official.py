@@ -26,13 +26,20 @@ def gaussian_head(path: tn.Path, modality: str) -> list[tn.Leaf]:
           + tn.dense(path + ('uncertain_net', 'fc2'), f'uncertain_net_{modality}.fc2'))
 
 
-def names(params: Any) -> list[tn.Leaf]:
-  """Every leaf of our RAL params with its official torch name(s)."""
-  return (gmmformer_v2_official.names(params)
-          + tn.input_projection(('query', 'frame_input_proj'), 'frame_branch_query_proj')
+def frame_branch_names() -> list[tn.Leaf]:
+  """The frame branch's query encoder (`RALQueryEncoder`'s `frame_input_proj`,
+  `frame_encoder`) and word confidences (`ConfidenceWeightedScores` as `text_weight_fc`):
+  the official `frame_branch_query_proj`, `frame_branch_query_encoder`, `text_weight_fc`
+  (RAL's, and Holmes's `multisrc/`)."""
+  return (tn.input_projection(('query', 'frame_input_proj'), 'frame_branch_query_proj')
           + tn.attention_block(('query', 'frame_encoder'), 'frame_branch_query_encoder', 'v2')
           + tn.dense(('text_weight_fc', 'fc_0'), 'text_weight_fc.0')
-          + tn.dense(('text_weight_fc', 'fc_2'), 'text_weight_fc.2')
+          + tn.dense(('text_weight_fc', 'fc_2'), 'text_weight_fc.2'))
+
+
+def names(params: Any) -> list[tn.Leaf]:
+  """Every leaf of our RAL params with its official torch name(s)."""
+  return (gmmformer_v2_official.names(params) + frame_branch_names()
           + gaussian_head(('prob_video',), 'video') + gaussian_head(('prob_text',), 'text'))
 
 
