@@ -30,6 +30,11 @@ both sides: `official_scores` takes the encoded queries):
   `get_pred_from_raw_query`, src/Validations/validations.py): GMMFormer v2's structure,
   `get_clip_scale_scores` on the 32 clips and on the 128 frames (the hyperbolic branches only
   shape the stored vectors; scoring is Euclidean).
+* Holmes (`lijun2005/ICML26-Holmes`, src/Models/holmes/model.py `get_pred_from_raw_query`,
+  src/Validations/validations.py) and DreamPRVR (`lijun2005/CVPR26-DreamPRVR`,
+  src/Models/DreamPRVR/model.py, src/Validations/validations.py): GMMFormer v2's structure,
+  `get_clip_scale_scores` on the 32 clips and on the 128 frames (Holmes's transport and
+  DreamPRVR's registers only shape the stored vectors).
 * RAL (`zhanglong-ustc/RAL-PRVR`, src/Models/RAL4gmmv2/model.py `get_pred_from_raw_query`):
   per query batch, the clip branch as GMMFormer v2's; the frame branch
   (`get_frame_scale_scores`) re-normalises the batch's word tokens and the gallery's 128
@@ -62,7 +67,7 @@ once outside the timed region and pass `noise=`. Small torch ops thrash with mor
 free cores: pass `torch_threads`.
 
 Ranking: `official_ranks` is MS-SL's `eval_q2m` (numpy), `official_ranks_torch` the
-GMMFormer / GMMFormer v2 / AMDNet / HLFormer / RAL copy of it in torch,
+GMMFormer / GMMFormer v2 / AMDNet / HLFormer / RAL / Holmes / DreamPRVR copy of it in torch,
 `official_ranks_double_argsort` T-MASS's `t2v_metrics`; `official_top_k` answers a top-k query
 from the same per-query full argsort (the official code has no top-k path). MS-SL's evaluation
 also ranks its clip-only and frame-only matrices and computes a mAP (a second full argsort per
@@ -98,6 +103,10 @@ OFFICIAL_QUERY_BATCH = {
     # cfg['eval_query_bsz'] = 50 (cfg['eval_context_bsz'] = 100).
     'hlformer': 50,
     'ral': 50,
+    # lijun2005/ICML26-Holmes and lijun2005/CVPR26-DreamPRVR src/Configs/{tvr,act,cha}.py:
+    # cfg['eval_query_bsz'] = 50 (cfg['eval_context_bsz'] = 100).
+    'holmes': 50,
+    'dreamprvr': 50,
     # No official code: MS-SL's value (the lineage's evaluation ProtoPRVR builds on).
     'protoprvr': 50,
     # Jiamian-Wang/T-MASS config/all_config.py `--batch_size` 32 batches only the text
@@ -106,7 +115,10 @@ OFFICIAL_QUERY_BATCH = {
 }
 
 # The per-model scorers below read these.
-_TWO_BRANCH = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'hlformer', 'protoprvr')
+_TWO_BRANCH = ('ms_sl', 'gmmformer', 'gmmformer_v2', 'hlformer', 'holmes', 'dreamprvr',
+               'protoprvr')
+# Two-branch models that store and score 32 clips and 128 frames as GMMFormer v2 does.
+_CLIPS_AND_FRAMES = ('gmmformer_v2', 'hlformer', 'holmes', 'dreamprvr')
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, as the official X-Pool uses.
 
 
@@ -204,7 +216,7 @@ def _two_branch_scores(model_name: str, params: Mapping[str, Any],
                for name in ('key', 'value')}
   elif model_name == 'gmmformer':
     gallery = {k: _tensor(stored[k]) for k in ('clips', 'video')}
-  elif model_name in ('gmmformer_v2', 'hlformer'):
+  elif model_name in _CLIPS_AND_FRAMES:
     gallery = {k: _tensor(stored[k]) for k in ('clips', 'frames')}
   else:  # protoprvr
     gallery = {k: _tensor(stored[k]) for k in ('clip_prototypes', 'frame_prototypes')}
@@ -427,7 +439,7 @@ def official_scores(model_name: str, params: dict, stored: dict[str, np.ndarray]
 
   Args:
     model_name: 'ms_sl', 'gmmformer', 'gmmformer_v2', 'amdnet', 'protoprvr', 'hlformer',
-      'ral' or 'tmass'.
+      'ral', 'holmes', 'dreamprvr' or 'tmass'.
     params: our Flax params tree (`spec.init_params(...)` or a checkpoint's).
     stored: our `encode_videos` output as numpy, leading axis G.
     queries: our `encode_queries` output as numpy (`[Q, D]`; ProtoPRVR {'clip', 'frame'};

@@ -12,11 +12,13 @@ imported inside `make_step` only.
 What `step()` runs, as each official training loop does per batch (progress bars, loss
 meters and log writes left out):
 
-* GMMFormer, GMMFormer v2, AMDNet, HLFormer, RAL (`train_one_epoch` of src/main.py, AMDNet
-  main.py): the loss's `use_hard_negative` flag set from the official
-  `hard_negative_start_epoch` on (AMDNet's loss never reads it), `model.train()`, `zero_grad`,
-  the forward on the batch dict, the official criterion (`Losses.builder.get_losses`; RAL's
-  returns the loss with a dict of its terms, the loss is taken), `backward`, the step of the
+* GMMFormer, GMMFormer v2, AMDNet, HLFormer, RAL, Holmes (`src/`), DreamPRVR
+  (`train_one_epoch` of src/main.py, AMDNet main.py): the loss's `use_hard_negative` flag set
+  from the official `hard_negative_start_epoch` on (AMDNet's loss never reads it; Holmes's also
+  `warmup_end` from `warmup_epoch` on), `model.train()`, `zero_grad`, the forward on the batch
+  dict, the official criterion (`Losses.builder.get_losses`; RAL's returns the loss with a
+  dict of its terms, DreamPRVR's with its diffusion term for the log: the loss is taken),
+  `backward`, the step of the
   optimiser from `Opts.builder.get_opts` (BertAdam, warmup_linear; it clips each parameter
   tensor's gradient to norm 1 itself, the loop adds no clipping).
 * MS-SL (method/train.py `train_epoch`): `model.set_hard_negative(True, hard_pool_size)` from
@@ -50,11 +52,12 @@ Runtime shims (no file under PATH is edited):
   stubbed: its Lorentz manifold runs in the step) and the GMM-lineage builders `easydict`:
   both must be importable.
 * CPU-only torch: `Tensor.cuda` and `Module.cuda` become the identity (the GMMFormer windows,
-  HLFormer's and RAL's windows and query-diversity loss, and AMDNet's `mask_div` call `.cuda()`
-  in the step). With CUDA the code runs as released, on the GPU (model and batch moved with
-  `.cuda()`, as the official mains do; T-MASS's trainer moves them itself).
+  the query-diversity loss of HLFormer, RAL, Holmes and DreamPRVR, their windows, and AMDNet's
+  `mask_div` call `.cuda()` in the step). With CUDA the code runs as released, on the GPU
+  (model and batch moved with `.cuda()`, as the official mains do; T-MASS's trainer moves them
+  itself).
 * `Configs/tvr.py` creates its result folders on import (GMMFormer's under the absolute
-  `/data1/...`, HLFormer's `/data2/...`): it is imported in a throwaway cwd with
+  `/data1/...`, HLFormer's and DreamPRVR's `/data2/...`): it is imported in a throwaway cwd with
   `os.makedirs` a no-op, and its `cfg` dict copied (`get_cfg_defaults`, which writes a yaml,
   is not called).
 * MS-SL: `MS_SL_Net.forward` passes a `cross` keyword that `get_pred_from_raw_query` does not
@@ -80,14 +83,19 @@ Runtime shims (no file under PATH is edited):
   placeholder of `_STEPS_PER_EPOCH` batches (the lr value does not change the cost).
 
 The config: our `config.model` fields map onto the official ones (dims, heads, lengths,
-dropouts, v2's, RAL's and HLFormer's `sft_factor`, HLFormer's Lorentz width, attention
-count and curvature, T-MASS's width, frames, heads, dropout and prior;
+dropouts, the `sft_factor` of v2 and its successors, HLFormer's Lorentz width, attention
+count and curvature, DreamPRVR's registers, branches, timesteps and denoiser depth, T-MASS's
+width, frames, heads, dropout and prior;
 `visual_feat_dim`, which the official code reads off the features); given the full config,
 `loss` and `optim` map too (loss weights, margin, hard-negative epoch and pool, lr, warmup;
-T-MASS also the support weight, weight decay and CLIP lr). A field without an official
+Holmes also its EDL temperatures, transport scale and bucket ratio, warm-up epoch and label
+betas; DreamPRVR its QSP temperature; T-MASS also the support weight, weight decay and CLIP
+lr). A field without an official
 counterpart must hold the value the official code hard-codes (e.g. the window widths, MS-SL's
-NCE weights, AMDNet's relevance weight, RAL's sample count and MIL / KL weights, the 0.01
-weight decay of the BertAdam groups, no text mass), else `make_step` raises; fields the
+NCE weights, AMDNet's relevance weight, RAL's sample count and MIL / KL weights, Holmes's 50
+Sinkhorn iterations, DreamPRVR's cosine schedule and perturbation scale, the 0.01 weight
+decay of the BertAdam groups, no text mass, no probabilistic plug-in outside RAL), else
+`make_step` raises; fields the
 training step never reads are listed in `_IGNORED`.
 """
 
@@ -118,6 +126,8 @@ OFFICIAL_REPOS: dict[str, str] = {
     'tmass': 'Jiamian-Wang/T-MASS-text-video-retrieval',
     'hlformer': 'lijun2005/ICCV25-HLFormer',
     'ral': 'zhanglong-ustc/RAL-PRVR',
+    'holmes': 'lijun2005/ICML26-Holmes',
+    'dreamprvr': 'lijun2005/CVPR26-DreamPRVR',
 }
 
 _GMM_PACKAGES = ('Configs', 'Datasets', 'Losses', 'Models', 'Opts', 'Utils', 'Validations')
@@ -137,7 +147,22 @@ _LAYOUT: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                          'src/Models/onmt/lorentz.py', 'src/Configs/tvr.py'), _GMM_PACKAGES),
     'ral': ('src', ('src/main.py', 'src/Models/RAL4gmmv2/model.py', 'src/Configs/tvr.py'),
             _GMM_PACKAGES),
+    # Holmes's `src/` variant (its `multisrc/` dual-query variant is not ours).
+    'holmes': ('src', ('src/main.py', 'src/Models/holmes/model.py', 'src/Losses/partialot.py',
+                       'src/Configs/tvr.py'), _GMM_PACKAGES),
+    'dreamprvr': ('src', ('src/main.py', 'src/Models/DreamPRVR/model.py',
+                          'src/Models/DreamPRVR/diffusion_model.py', 'src/Configs/tvr.py'),
+                  _GMM_PACKAGES),
 }
+
+# Flags of the official criterion's `cfg` that its training loop sets every epoch: the flag ->
+# the cfg key of the epoch it turns on at (`use_hard_negative` for every GMM-lineage loop,
+# Holmes's `warmup_end` too).
+_EPOCH_FLAGS: dict[str, dict[str, str]] = {
+    'holmes': {'use_hard_negative': 'hard_negative_start_epoch',
+               'warmup_end': 'warmup_epoch'},
+}
+_DEFAULT_EPOCH_FLAGS = {'use_hard_negative': 'hard_negative_start_epoch'}
 
 _STEPS_PER_EPOCH = 100
 
@@ -163,6 +188,22 @@ _KEYS: dict[str, dict[str, Any]] = {
     'gmmformer': {**_GMM_DIMS, **_GMM_LOSS},
     'gmmformer_v2': _V2_KEYS,
     'ral': _V2_KEYS,
+    # Holmes's loss_factor [clip NCE, frame NCE, QDL, intra-video EDL, EDL, unused].
+    'holmes': {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
+               'loss.qdl_gamma': ('neg_factor', 2), 'loss.intra_edl': ('loss_factor', 3),
+               'loss.edl': ('loss_factor', 4), 'loss.edl_tau': 'edl_tau',
+               'loss.edl_intra_tau': 'edl_intra_video_tau', 'loss.pot_epsilon': 'pot_scale',
+               'loss.pot_bucket_quantile': 'pot_prompt_ratio',
+               'loss.warmup_epoch': 'warmup_epoch', 'loss.division_beta': 'division_beta',
+               'loss.smooth_beta': 'smooth_beta'},
+    # DreamPRVR's loss_factor [clip NCE, frame NCE, QDL, QSP, KL, DRE].
+    'dreamprvr': {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
+                  'loss.qdl_gamma': ('neg_factor', 2), 'loss.qsp': ('loss_factor', 3),
+                  'loss.kl': ('loss_factor', 4), 'loss.dre': ('loss_factor', 5),
+                  'loss.qsp_temperature': 'deterministic_tau',
+                  'model.num_registers': 'num_registers', 'model.timesteps': 'timesteps',
+                  'model.num_diffusion_layers': 'num_diffusion_layers',
+                  'model.attention_num': 'attention_num'},
     'hlformer': {**_GMM_DIMS, **_GMM_LOSS, 'model.temperature': 'sft_factor',
                  'loss.partial_order': ('loss_factor', 3), 'loss.qdl_gamma': ('neg_factor', 2),
                  'model.lorentz_dim': 'lorentz_dim', 'model.attention_num': 'attention_num',
@@ -194,6 +235,9 @@ _KEYS: dict[str, dict[str, Any]] = {
 # Values the official code hard-codes (no counterpart in its config). The optimisers' parameter
 # groups fix the weight decay at 0.01 (the config's `wd` is overridden by them).
 _NO_TEXT_MASS = {'model.stochastic_text': False, 'loss.stochastic_support': 0.0}
+# RAL's probabilistic plug-in, off in every other official model (its settings are then read
+# by nothing: `_PROBABILISTIC` in `_IGNORED`).
+_NO_PLUGIN = {'model.probabilistic': False}
 _BERT_ADAM = {'optim.name': 'bert_adam', 'optim.schedule': 'warmup_linear',
               'optim.max_grad_norm': 1.0, 'optim.weight_decay': 0.01}
 _V2_FIXED = {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
@@ -201,21 +245,35 @@ _V2_FIXED = {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
              'model.aggregation': 'temporal_consolidation', 'model.num_clips': 32,
              'model.max_frames': 128}
 _FIXED: dict[str, dict[str, Any]] = {
-    'gmmformer': {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.window': 'gaussian',
+    'gmmformer': {**_NO_TEXT_MASS, **_NO_PLUGIN, **_BERT_ADAM, 'model.window': 'gaussian',
                   'model.widths': (None, 0.5, 1.0, 5.0), 'model.aggregation': 'average',
                   'model.temperature': 1.0, 'model.frame_window_length': 'batch_max'},
     # DyGMMBlock hard-codes 32 clips and 128 frames (`frame_len`), encode_context pads to 128.
-    'gmmformer_v2': _V2_FIXED,
+    'gmmformer_v2': {**_V2_FIXED, **_NO_PLUGIN},
     # RAL4GMMV2_Net: v2's blocks, 6 samples per distribution, 26 support slots per token;
     # Losses/loss.py weighs the MIL and KL terms 4e-3 and 2.5e-4.
     'ral': {**_V2_FIXED, 'model.num_samples': 6, 'model.support_slots': 26,
             'loss.proxy_matching': 4e-3, 'loss.distribution_alignment': 2.5e-4},
     # HLFormer's blocks hard-code 32 clips and 128 frames (`frame_len`, encode_context pads);
     # its loss has no OT term.
-    'hlformer': {**_NO_TEXT_MASS, **_BERT_ADAM, 'model.num_clips': 32, 'model.max_frames': 128,
-                 'loss.om': 0.0},
-    'ms_sl': {**_NO_TEXT_MASS, **_BERT_ADAM, 'loss.clip_nce': 0.02, 'loss.frame_nce': 0.04,
-              'loss.qdl': 0.0, 'loss.om': 0.0},
+    'hlformer': {**_NO_TEXT_MASS, **_NO_PLUGIN, **_BERT_ADAM, 'model.num_clips': 32,
+                 'model.max_frames': 128, 'loss.om': 0.0},
+    # Holmes_Net's DyGMMBlocks: windows None, 2^-1..2^5 mixed from their mean token, 32 clips
+    # and 128 frames (`frame_len`); POT / BatchPOT run 50 Sinkhorn iterations, no tolerance.
+    'holmes': {**_NO_TEXT_MASS, **_NO_PLUGIN, **_BERT_ADAM, 'model.window': 'gaussian',
+               'model.widths': (None, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+               'model.aggregation': 'mean_consolidation', 'model.num_clips': 32,
+               'model.max_frames': 128, 'loss.om': 0.0, 'loss.pot_iterations': 50,
+               'loss.pot_tolerance': 0.0},
+    # DreamPRVR_Net: 32 clips and 128 frames (`frame_len`), GaussianDiffusion's cosine
+    # schedule and x_0 clamp to [-1, 1], TextSampler's 0.1 perturbation, the time table
+    # re-drawn N(0, 0.02) by `reset_parameters`.
+    'dreamprvr': {**_NO_TEXT_MASS, **_NO_PLUGIN, **_BERT_ADAM, 'model.num_clips': 32,
+                  'model.max_frames': 128, 'model.beta_schedule': 'cosine',
+                  'model.clip_denoised': 1.0, 'model.perturbation_scale': 0.1,
+                  'model.time_table': 'normal', 'loss.om': 0.0},
+    'ms_sl': {**_NO_TEXT_MASS, **_NO_PLUGIN, **_BERT_ADAM, 'loss.clip_nce': 0.02,
+              'loss.frame_nce': 0.04, 'loss.qdl': 0.0, 'loss.om': 0.0},
     'amdnet': {**_BERT_ADAM, 'model.max_query_len': 1, 'loss.moment_diversity_alpha': 0.15,
                'loss.moment_relevance': 25.0, 'loss.moment_relevance_margin': 0.02,
                'loss.qdl': 0.0, 'loss.om': 0.0},
@@ -228,14 +286,19 @@ _FIXED: dict[str, dict[str, Any]] = {
 # Fields the training step does not read (evaluation only, or settings of a term that is off).
 _STOCHASTIC = ('model.stochastic_samples', 'model.stochastic_top_k', 'model.stochastic_prior',
                'model.stochastic_std')
+_PROBABILISTIC = ('model.num_samples', 'model.support_slots', 'loss.proxy_matching',
+                  'loss.distribution_alignment')
 _IGNORED: dict[str, tuple[str, ...]] = {
-    'gmmformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC,
+    'gmmformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC + _PROBABILISTIC,
     # Either solver finds scipy's assignment (tests/losses/test_matching.py).
-    'gmmformer_v2': ('model.name', 'optim.backbone_lr', 'loss.om_solver') + _STOCHASTIC,
+    'gmmformer_v2': ('model.name', 'optim.backbone_lr', 'loss.om_solver') + _STOCHASTIC
+                    + _PROBABILISTIC,
     'ral': ('model.name', 'optim.backbone_lr', 'loss.om_solver') + _STOCHASTIC,
-    'hlformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC,
+    'hlformer': ('model.name', 'optim.backbone_lr') + _STOCHASTIC + _PROBABILISTIC,
+    'holmes': ('model.name', 'optim.backbone_lr') + _STOCHASTIC + _PROBABILISTIC,
+    'dreamprvr': ('model.name', 'optim.backbone_lr') + _STOCHASTIC + _PROBABILISTIC,
     'ms_sl': ('model.name', 'model.score_query_chunk', 'optim.backbone_lr', 'loss.qdl_delta',
-              'loss.qdl_alpha', 'loss.qdl_gamma') + _STOCHASTIC,
+              'loss.qdl_alpha', 'loss.qdl_gamma') + _STOCHASTIC + _PROBABILISTIC,
     'amdnet': ('model.name', 'optim.backbone_lr', 'loss.qdl_delta', 'loss.qdl_alpha',
                'loss.qdl_gamma'),
     # Checked against the feature width and the frame count in `_tmass`.
@@ -435,7 +498,8 @@ def _to_device(torch, batch: dict[str, Any]) -> dict[str, Any]:
 
 def _gmm_family(torch, name: str, source: str, config: Any, batch: Mapping[str, np.ndarray],
                 epoch: int) -> tuple[Callable[[], float], Any]:
-  """GMMFormer, GMMFormer v2, AMDNet, HLFormer and RAL: the builders of their src/main.py."""
+  """GMMFormer, GMMFormer v2, AMDNet, HLFormer, RAL, Holmes and DreamPRVR: the builders of
+  their src/main.py."""
   if name == 'hlformer' and importlib.util.find_spec('geoopt') is None:
     raise ImportError('the official HLFormer code imports geoopt (missing from its '
                       'requirements.txt; 0.5.1 runs it), which the Python that runs it lacks '
@@ -459,13 +523,16 @@ def _gmm_family(torch, name: str, source: str, config: Any, batch: Mapping[str, 
   optimizer = opts.get_opts(cfg, model, range(_STEPS_PER_EPOCH))
   official_batch = _to_device(torch, _collate(torch, batch, sentence=name == 'amdnet'))
 
+  flags = _EPOCH_FLAGS.get(name, _DEFAULT_EPOCH_FLAGS)
+
   def step() -> float:
-    criterion.cfg['use_hard_negative'] = epoch >= cfg['hard_negative_start_epoch']
+    for flag, start in flags.items():
+      criterion.cfg[flag] = epoch >= cfg[start]
     model.train()
     optimizer.zero_grad()
     input_list = model(official_batch)
     loss = criterion(input_list, official_batch)
-    if isinstance(loss, tuple):  # RAL's criterion: (loss, the dict of terms its loop logs)
+    if isinstance(loss, tuple):  # RAL's, DreamPRVR's criterion: (loss, what its loop logs)
       loss = loss[0]
     loss.backward()
     optimizer.step()

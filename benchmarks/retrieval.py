@@ -62,6 +62,7 @@ from prvr_jax import models
 from prvr_jax.index import Index, IndexWriter, Searcher
 from prvr_jax.index import store
 from prvr_jax.layers.multiscale import averaging_matrix
+from prvr_jax.models import two_branch
 from prvr_jax.models.spec import ModelSpec
 
 from common import (DEFAULT_VARIANT, ROOT, VARIANTS,  # benchmarks/common.py
@@ -139,6 +140,15 @@ def random_queries(config_model: Any, query_keys: Sequence[str], count: int,
           if k in query_keys}
 
 
+def stored_from_training(module: Any) -> bool:
+  """Whether the model's stored form is made from other encodings (`stored_form` of
+  `training_videos`: MS-SL's tables from its frames) rather than being `encode_videos`' output
+  as it is (the default `TwoBranchModel.stored_form` keeps every encoding; DreamPRVR's
+  `training_videos` also takes the queries and returns the training terms' inputs)."""
+  stored_form = getattr(type(module), 'stored_form', None)
+  return stored_form is not None and stored_form is not two_branch.TwoBranchModel.stored_form
+
+
 def encode_base(spec: ModelSpec, config: ml_collections.ConfigDict, params: Any, count: int,
                 rng: np.random.Generator) -> tuple[dict[str, np.ndarray], float]:
   """(`count` random videos of the config's shapes encoded as the stored form is made from
@@ -160,7 +170,7 @@ def encode_base(spec: ModelSpec, config: ml_collections.ConfigDict, params: Any,
   start = time.perf_counter()
   jax.block_until_ready([encode(params, b) for b in batches])
   seconds = (time.perf_counter() - start) / count
-  if hasattr(module, 'training_videos'):
+  if stored_from_training(module):
     encode = jax.jit(lambda p, v: module.apply({'params': p}, v, True, method='training_videos'))
   flat = [store.flatten_params(encode(params, b)) for b in batches]
   # MS-SL's multi-scale clips are averages of its clips: `official_rows` forms them again
@@ -376,7 +386,7 @@ class Model:
     module = spec.build(config.model)
     stored_form = (jax.jit(lambda p, rows: module.apply({'params': p}, rows,
                                                         method='stored_form'))
-                   if hasattr(module, 'stored_form') else None)
+                   if stored_from_training(module) else None)
     queries = random_queries(config.model, spec.inputs(config.model)[1], _QUERIES.value, rng)
     # Matching FLOPs are linear in the gallery (every size of the first full run: within 0.05%
     # of 1,000-video count scaled): counted once, not compiled again per size.

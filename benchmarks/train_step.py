@@ -49,10 +49,10 @@ setting. `--ours_malloc=PATH` preloads another malloc (tcmalloc) into our worker
 
 `--official=PATH`: a checkout of the model's official repo, or a folder holding one checkout
 per repo named as the repo (GMMFormer, GMMFormer_v2, ms-sl, AMDNet,
-T-MASS-text-video-retrieval, ICCV25-HLFormer, RAL-PRVR; HLFormer's needs geoopt). Prints the
-matmul peaks measured in the same run (float32, without TF32 on GPUs; tensorfloat32;
-bfloat16), a table per model (ms/step both sides, the
-speed-up, matmul GFLOP/s and % of the peak of the precision ours runs at, peak memory both sides) and
+T-MASS-text-video-retrieval, ICCV25-HLFormer, RAL-PRVR, ICML26-Holmes, CVPR26-DreamPRVR;
+HLFormer's needs geoopt). Prints the matmul peaks measured in the same run (float32, without
+TF32 on GPUs; tensorfloat32; bfloat16), a table per model (ms/step both sides, the speed-up,
+matmul GFLOP/s and % of the peak of the precision ours runs at, peak memory both sides) and
 writes every number to `--output`, after every run.
 
 On a GPU both sides run there (the official code moves its model and batch with `.cuda()`);
