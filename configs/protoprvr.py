@@ -10,7 +10,8 @@ Launch (the embedded synthetic benchmark is the default variant):
 
 Variants: `synthetic` (default), `tiny`, `tvr`, `activitynet` (the MS-SL feature release:
 I3D/ResNet + RoBERTa, so K = 6 and, on ActivityNet, lambda_ortho = 0.3), `qvhighlights`
-(docs/qvhighlights.md), `tvr_clip`, `activitynet_clip`, `charades_clip` (CLIP ViT-B/32, below). Paper numbers (text-to-video R@1 / R@5 / R@10 / R@100 / SumR):
+(docs/qvhighlights.md), `tvr_clip`, `activitynet_clip`, `charades_clip` (CLIP ViT-B/32,
+below). Paper numbers (text-to-video R@1 / R@5 / R@10 / R@100 / SumR):
   TVR (RoBERTa)          15.4 / 35.9 / 47.5 / 86.4 / 185.1
   ActivityNet (RoBERTa)   7.9 / 24.9 / 37.2 / 77.3 / 147.4
   QVHighlights           22.6 / 48.8 / 61.3 / 93.9 / 226.6

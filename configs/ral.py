@@ -21,9 +21,9 @@ for the score fusion, the epochs and the early-stopping patience (docs/ral.md).
 CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
 `activitynet_clip`, `charades_clip`. RAL's authors ran no CLIP features and prvr-ea
 (CELL-POSTECH/prvr-ea) does not run RAL; these follow prvr-ea's construction for RAL's base,
-GMMFormer v2 (whose loader RAL's official one follows: a BigFile's frame list): each dataset's recipe above,
-512-d frames and sentence vectors (a query of one token), the CLIP rows read along the MS-SL
-release's frame timeline (`data.frame_map`: its
+GMMFormer v2 (whose loader RAL's official one follows: a BigFile's frame list): each
+dataset's recipe above, 512-d frames and sentence vectors (a query of one token), the CLIP
+rows read along the MS-SL release's frame timeline (`data.frame_map`: its
 `FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be there), pooled to 32 clips
 and at most 128 frames, L2-normalised. Reported numbers on them: none.
 

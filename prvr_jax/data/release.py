@@ -559,8 +559,9 @@ class Release:
   names a BigFile folder whose `video2frames.txt` gives each video's frame timeline: a video
   is then its CLIP rows read along that timeline (`preprocess.timeline_rows`) and pooled in
   float64, as prvr-ea reads the CLIP release for GMMFormer, GMMFormer v2, HLFormer and MS-SL;
-  None reads the rows as stored, pooled in float32 (AMDNet, DreamPRVR, Holmes). `visual_dim` / `query_dim`
-  (`config.model.*_dim`, None: from the data) raise naming the flag on a mismatch.
+  None reads the rows as stored, pooled in float32 (AMDNet, DreamPRVR, Holmes).
+  `visual_dim` / `query_dim` (`config.model.*_dim`, None: from the data) raise naming the flag
+  on a mismatch.
   `check_values` reads every feature of a split when it is opened (else non-finite values
   raise when an item is read). See docs/data_release.md.
   """
@@ -729,7 +730,7 @@ class ReleaseSplit:
       return f'video {short(video_id)} has no frame list in {path}'
     for frame in frames:
       vid, _, index = frame.rpartition('_')
-      if vid != video_id or not index.isdigit():
+      if vid != video_id or not (index.isascii() and index.isdigit()):
         return (f'video {short(video_id)}: frame id {short(frame)} in {path} is not '
                 f'<video id>_<frame index>')
     return None

@@ -3,8 +3,8 @@ entry.
 
 Parameters (the minimally repaired official model at the repo's configs, 512-d CLIP inputs,
 `jax.eval_shape`): hidden 384 (TVR, also `tvr_clip`) 1,781,896; hidden 256 (ActivityNet and
-Charades-STA, also `activitynet_clip`, `charades_clip`) 893,704 (paper: 0.89M). Stored per video: 32 moment-enhanced clip vectors (49,152 bytes in
-float32 at width 384, 32,768 at 256).
+Charades-STA, also `activitynet_clip`, `charades_clip`) 893,704 (paper: 0.89M). Stored per
+video: 32 moment-enhanced clip vectors (49,152 bytes in float32 at width 384, 32,768 at 256).
 """
 
 from prvr_jax.models.amdnet import official

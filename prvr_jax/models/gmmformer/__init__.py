@@ -2,8 +2,8 @@
 
 Parameters (the official model at its configs, `jax.eval_shape`): TVR 12,848,256;
 ActivityNet and Charades-STA 11,366,016; on CLIP ViT-B/32 features (512-d inputs,
-`tvr_clip`, `activitynet_clip`, `charades_clip`) 10,773,120. Stored per video: 32 clip vectors and one video
-vector of width 384 (50,688 bytes in float32).
+`tvr_clip`, `activitynet_clip`, `charades_clip`) 10,773,120. Stored per video: 32 clip vectors
+and one video vector of width 384 (50,688 bytes in float32).
 """
 
 from prvr_jax.models import two_branch

@@ -2,8 +2,8 @@
 
 Parameters (the official model at its configs, `jax.eval_shape`): TVR 32,273,440;
 ActivityNet and Charades-STA 30,791,200; on CLIP ViT-B/32 features (512-d inputs,
-`tvr_clip`, `activitynet_clip`, `charades_clip`) 30,198,304. Stored per video: 32 clip and 128 frame vectors of
-width 384 (245,760 bytes in float32).
+`tvr_clip`, `activitynet_clip`, `charades_clip`) 30,198,304. Stored per video: 32 clip and 128
+frame vectors of width 384 (245,760 bytes in float32).
 """
 
 from prvr_jax.models import two_branch
