@@ -19,7 +19,7 @@ CLIP_PENDING = {'holmes'}
 CLIP_MODELS = sorted(set(models.names()) - TEXT_VIDEO_MODELS - CLIP_PENDING)
 # How each model reads the CLIP release (docs/data_release.md): (along the MS-SL release's
 # frame timeline, L2-normalised); the GMMFormer / MS-SL lineage otherwise.
-CLIP_READING = {'amdnet': (False, False), 'dreamprvr': (False, True)}
+CLIP_READING = {'amdnet': (False, False), 'dreamprvr': (False, True), 'holmes': (False, True)}
 # What a `*_clip` variant may change of its dataset's variant besides the data and the input
 # dims: ProtoPRVR takes Table 8's CLIP setting (K = 1, lambda_ortho = 0.01).
 CLIP_RECIPE_CHANGES = {'protoprvr': {'model.prototype_iterations', 'loss.ortho'}}
