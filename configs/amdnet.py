@@ -9,7 +9,10 @@ Launch (the embedded synthetic benchmark, with sentence-vector queries, is the d
 
 The real variants read AMDNet's CLIP release layout (`FeatureData/new_clip_vit_32_<coll>_
 vid_features.hdf5`, `TextData/clip_ViT_B_32_<coll>_query_feat.hdf5`, 512-d, not normalised).
-Variants: `synthetic` (default), `tiny`, `tvr`, `activitynet`, `charades`. Paper numbers
+Variants: `synthetic` (default), `tiny`, `tvr`, `activitynet`, `charades`, and the same three
+under the CLIP names every model offers, `tvr_clip`, `activitynet_clip`, `charades_clip`
+(AMDNet's own construction, as prvr-ea runs it: the CLIP rows as stored, pooled in float32 to
+32 clips, not L2-normalised; `data.frame_map=''`, `data.normalize=False`). Paper numbers
 (text-to-video R@1 / R@5 / R@10 / R@100 / SumR; the paper reports no Charades-STA result):
   TVR          19.7 / 42.4 / 54.1 / 88.9 / 205.1
   ActivityNet  12.3 / 32.5 / 45.9 / 82.1 / 172.8
@@ -49,6 +52,9 @@ PER_DATASET = {
     'tiny': {'data.text_feature': 'clip', 'optim.lr': 3e-4, 'model.hidden_dim': 32,
              'model.dropout': 0.2, 'model.input_dropout': 0.2, 'loss.clip_nce': 0.04},
 }
+# The feature-family names every model offers: AMDNet's own variants (the CLIP rows as stored,
+# not normalised), under the names `<dataset>_clip`.
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=False, normalize=False))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

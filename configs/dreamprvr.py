@@ -20,6 +20,18 @@ Official `loss_factor` [f0 .. f5] is `loss.clip_nce`, `loss.frame_nce`, `loss.qd
 `model.frame_score_weight`; `n_epoch` / `max_es_cnt` are `train.num_epochs` /
 `train.patience`. The `tiny` variant shrinks the width, K, the branches and T (the structure
 is the official one at any of them).
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. DreamPRVR's authors ran no CLIP features (their README: no
+ViT-derived features); these follow prvr-ea (CELL-POSTECH/prvr-ea, `*_clip`), which changes
+only the reader and the input dims: each dataset's official recipe, 512-d frames and sentence
+vectors (a query of one token), the CLIP rows as stored (DreamPRVR's loader reads one HDF5
+array per video; `data.frame_map=''`), pooled in float32 to 32 clips and at most 128 frames,
+L2-normalised. Reported numbers on them: none (the authors did not run them; prvr-ea's
+repository publishes no result table).
+
+  python train.py --config=configs/dreamprvr.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/dreamprvr_tvr_clip
 """
 
 import ml_collections
@@ -56,6 +68,9 @@ PER_DATASET = {
              'model.attention_num': 3, 'model.timesteps': 3,
              'loss.hard_negative_start_epoch': 1},
 }
+# CLIP ViT-B/32 (prvr-ea's DreamPRVR: each dataset's recipe, 512-d inputs, the CLIP rows as
+# stored (its loader reads an HDF5 per video, not a BigFile's frame list), L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=False))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -13,6 +13,18 @@ Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activi
   Charades-STA  2.5 /  8.6 / 13.9 / 53.2 /  78.2
 The main job (this config's default variant, README command 1) ends with test SumR about
 285 on the synthetic benchmark (docs/synthetic.md).
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. GMMFormer v2's authors ran no CLIP features; these follow
+prvr-ea (CELL-POSTECH/prvr-ea, `*_clip`), which changes only the reader and the input dims:
+each dataset's official recipe, 512-d frames and sentence vectors (a query of one token), the
+CLIP rows read along the MS-SL release's frame timeline (`data.frame_map`: its
+`FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be there), pooled to 32 clips
+and at most 128 frames, L2-normalised. Reported numbers on them: none (the authors did not run
+them; prvr-ea's repository publishes no result table).
+
+  python train.py --config=configs/gmmformer_v2.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/gmmformer_v2_tvr_clip
 """
 
 import ml_collections
@@ -53,6 +65,9 @@ PER_DATASET = {
     'synthetic': {**_TVR, 'model.hidden_dim': 64, 'loss.hard_negative_start_epoch': 3},
     'tiny': {**_TVR, 'model.hidden_dim': 32, 'loss.hard_negative_start_epoch': 1},
 }
+# CLIP ViT-B/32 (prvr-ea's GMMFormer v2: each dataset's recipe, 512-d inputs, the CLIP rows
+# read along the MS-SL release's frame timeline, L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=True))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -16,6 +16,18 @@ Official `loss_factor` [a, b, c, d] is `loss.clip_nce`, `loss.frame_nce`, `loss.
 `loss.qdl_gamma`; `sft_factor` is `model.temperature`; `drop` / `input_drop` are
 `model.dropout` / `model.input_dropout`. The synthetic and tiny variants shrink the Lorentz
 blocks with the width (`model.lorentz_dim` + 1 must be a multiple of `model.num_heads`).
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. HLFormer's authors ran no CLIP features (their README: no
+ViT-derived features); these follow prvr-ea (CELL-POSTECH/prvr-ea, `*_clip`), which changes
+only the reader and the input dims: each dataset's official recipe, 512-d frames and sentence
+vectors (a query of one token), the CLIP rows read along the MS-SL release's frame timeline
+(`data.frame_map`: its `FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be
+there), pooled to 32 clips and at most 128 frames, L2-normalised. Reported numbers on them:
+none (the authors did not run them; prvr-ea's repository publishes no result table).
+
+  python train.py --config=configs/hlformer.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/hlformer_tvr_clip
 """
 
 import ml_collections
@@ -49,6 +61,9 @@ PER_DATASET = {
     'tiny': {**_TVR, 'model.hidden_dim': 32, 'model.lorentz_dim': 31,
              'loss.hard_negative_start_epoch': 1},
 }
+# CLIP ViT-B/32 (prvr-ea's HLFormer: each dataset's recipe, 512-d inputs, the CLIP rows read
+# along the MS-SL release's frame timeline, L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=True))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

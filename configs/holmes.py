@@ -8,7 +8,7 @@ Launch (the embedded synthetic benchmark is the default variant):
       --config.data.dir=/data/prvr/tvr --workdir=/tmp/holmes_tvr
 
 Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activitynet`,
-`charades`. Numbers of the official README (text-to-video R@1 / R@5 / R@10 / R@100 / SumR;
+`charades`, and their CLIP features `tvr_clip`, `activitynet_clip`, `charades_clip` (below). Numbers of the official README (text-to-video R@1 / R@5 / R@10 / R@100 / SumR;
 the training logs agree):
   TVR          17.3 / 39.0 / 50.4 / 87.4 / 194.2
   ActivityNet   9.3 / 27.8 / 40.5 / 79.1 / 156.8
@@ -37,6 +37,17 @@ tvr.py`, the same as its log's "Hyper Parameter" line); the DC term keeps its of
 
 Reported (official README and `logs/multi-tvr-log.txt`, best of 150 epochs):
   TVR multi    18.4 / 40.7 / 52.0 / 87.5 / 198.6
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. Holmes's authors ran no CLIP features (their README: no
+ViT-derived features); these follow prvr-ea (CELL-POSTECH/prvr-ea, `*_clip`), which changes
+only the reader and the input dims: each dataset's official recipe, 512-d frames and sentence
+vectors (a query of one token), the CLIP rows as stored (`data.frame_map=''`), pooled in
+float32 to 32 clips and at most 128 frames, L2-normalised. Reported numbers on them: none
+(the authors did not run them; prvr-ea's repository publishes no result table).
+
+  python train.py --config=configs/holmes.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/holmes_tvr_clip
 """
 
 import ml_collections
@@ -74,6 +85,10 @@ PER_DATASET = {
     'tiny': {**_TVR, 'model.hidden_dim': 32, 'loss.hard_negative_start_epoch': 1,
              'loss.warmup_epoch': 1},
 }
+# CLIP ViT-B/32 (prvr-ea's Holmes: each dataset's recipe, 512-d inputs, the CLIP rows as
+# stored (its loader reads one HDF5 array per video, not a BigFile's frame list),
+# L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=False))
 
 
 # The official `multisrc/` recipe (TVR only) over the TVR recipe and its smaller variants; its

@@ -14,6 +14,18 @@ Variants: `synthetic` (default), `tiny` (a few-second smoke run), `tvr`, `activi
 GMMFormer v2's L_div and L_om plug in with `--config.loss.qdl=W --config.loss.om=W` (0: off,
 the official MS-SL). The default variant ends with test SumR about 300 (R@1 43.4) on the
 synthetic benchmark (docs/synthetic.md, which gives its run time).
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. MS-SL's authors ran no CLIP features; these follow
+prvr-ea (CELL-POSTECH/prvr-ea, `method/train.py --feature_mode clip`), which changes only the
+reader and the input dims: each dataset's do_*.sh recipe, 512-d frames and sentence vectors (a
+query of one token), the CLIP rows read along the MS-SL release's frame timeline
+(`data.frame_map`: its `FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be
+there), pooled to 32 clips and at most 128 frames, L2-normalised. Reported numbers on them:
+none (the authors did not run them; prvr-ea's repository publishes no result table).
+
+  python train.py --config=configs/ms_sl.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/ms_sl_tvr_clip
 """
 
 import ml_collections
@@ -46,6 +58,9 @@ PER_DATASET = {
     'synthetic': {**_OFFICIAL, 'model.hidden_dim': 64, 'loss.hard_negative_start_epoch': 3},
     'tiny': {**_OFFICIAL, 'model.hidden_dim': 32, 'loss.hard_negative_start_epoch': 1},
 }
+# CLIP ViT-B/32 (prvr-ea's MS-SL: each dataset's do_*.sh recipe, 512-d inputs, the CLIP rows
+# read along the MS-SL release's frame timeline, L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=True))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -10,7 +10,8 @@ Launch (the embedded synthetic benchmark is the default variant):
 
 Variants: `synthetic` (default), `tiny`, `tvr`, `activitynet` (the MS-SL feature release:
 I3D/ResNet + RoBERTa, so K = 6 and, on ActivityNet, lambda_ortho = 0.3), `qvhighlights`
-(docs/qvhighlights.md). Paper numbers (text-to-video R@1 / R@5 / R@10 / R@100 / SumR):
+(docs/qvhighlights.md), `tvr_clip`, `activitynet_clip`, `charades_clip` (CLIP ViT-B/32,
+below). Paper numbers (text-to-video R@1 / R@5 / R@10 / R@100 / SumR):
   TVR (RoBERTa)          15.4 / 35.9 / 47.5 / 86.4 / 185.1
   ActivityNet (RoBERTa)   7.9 / 24.9 / 37.2 / 77.3 / 147.4
   QVHighlights           22.6 / 48.8 / 61.3 / 93.9 / 226.6
@@ -25,6 +26,19 @@ lambda_ortho = 0.01:
 
   TVR (CLIP-L/14)          34.7 / 60.0 / 70.1 / 94.4 / 259.2
   ActivityNet (CLIP-L/14)  16.0 / 38.8 / 52.4 / 85.1 / 192.3
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. The authors ran CLIP-L/14 only and prvr-ea
+(CELL-POSTECH/prvr-ea) does not run ProtoPRVR; these take the data as prvr-ea reads it for
+ProtoPRVR's base, MS-SL (512-d frames and sentence vectors, a query of one token, the CLIP rows
+read along the MS-SL release's frame timeline, `data.frame_map`: its
+`FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be there; 32 clips, at most
+128 frames, L2-normalised), the dataset's recipe and Table 8's CLIP setting (K = 1,
+lambda_ortho = 0.01); Charades-STA, which has no ProtoPRVR recipe, takes ActivityNet's.
+Reported numbers on them: none.
+
+  python train.py --config=configs/protoprvr.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/protoprvr_tvr_clip
 
 An ablation of the paper's Tables 4-6 is a second `:arg` part (names in `ABLATIONS`); in the
 paper's setting, e.g.
@@ -123,6 +137,15 @@ CLIP_L14 = {'tvr_clip_l14': 'tvr', 'activitynet_clip_l14': 'activitynet'}
 _CLIP_L14_SETTING = {'model.visual_dim': 768, 'model.query_dim': 768,
                      'model.prototype_iterations': 1, 'loss.ortho': 0.01,
                      'data.visual_feature': 'clip_vit_l14', 'data.text_feature': 'clip_text'}
+
+
+# CLIP ViT-B/32 (AMDNet's release): ProtoPRVR is not in prvr-ea and its authors ran CLIP-L/14
+# only; the data as prvr-ea reads it for ProtoPRVR's base, MS-SL (the CLIP rows along the
+# MS-SL release's frame timeline, L2-normalised), with Table 8's CLIP setting (K = 1,
+# lambda_ortho = 0.01). Charades-STA has no ProtoPRVR recipe: ActivityNet's.
+PER_DATASET.update(config_lib.clip_variants(
+    PER_DATASET, frame_timeline=True, recipe_of={'charades_clip': 'activitynet'},
+    extra={'model.prototype_iterations': 1, 'loss.ortho': 0.01}))
 
 
 def _build(arg: str | None) -> ml_collections.ConfigDict:

@@ -17,6 +17,18 @@ SumR):
 `tvr` and `activitynet` are the official `Configs/{tvr,act}.py` (with the loss weights of
 `Losses/loss.py` and the K and slots of `model.py`): GMMFormer v2's values of the dataset but
 for the score fusion, the epochs and the early-stopping patience (docs/ral.md).
+
+CLIP ViT-B/32 features (AMDNet's release, docs/data_release.md): `tvr_clip`,
+`activitynet_clip`, `charades_clip`. RAL's authors ran no CLIP features and prvr-ea
+(CELL-POSTECH/prvr-ea) does not run RAL; these follow prvr-ea's construction for RAL's base,
+GMMFormer v2 (whose loader RAL's official one follows: a BigFile's frame list): each
+dataset's recipe above, 512-d frames and sentence vectors (a query of one token), the CLIP
+rows read along the MS-SL release's frame timeline (`data.frame_map`: its
+`FeatureData/{i3d_resnet,i3d,i3d_rgb_lgi}/video2frames.txt` must be there), pooled to 32 clips
+and at most 128 frames, L2-normalised. Reported numbers on them: none.
+
+  python train.py --config=configs/ral.py:tvr_clip \
+      --config.data.dir=/data/prvr/tvr --workdir=/tmp/ral_tvr_clip
 """
 
 import importlib.util
@@ -60,6 +72,10 @@ PER_DATASET = {
                   'model.frame_score_weight': 0.5},
     'tiny': {**_V2['tiny'], 'model.clip_score_weight': 0.5, 'model.frame_score_weight': 0.5},
 }
+# CLIP ViT-B/32: RAL is not in prvr-ea; its GMMFormer v2 base's construction there (each
+# dataset's recipe, 512-d inputs, the CLIP rows along the MS-SL release's frame timeline,
+# L2-normalised).
+PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=True))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -37,13 +37,21 @@ DATASETS: dict[str, dict[str, Any]] = {
                   text_feature='clip', collection=collection)
        for name, collection in (('msrvtt', 'msrvtt'), ('msrvtt_features', 'msrvtt'),
                                 ('didemo', 'didemo'), ('lsmdc', 'lsmdc'))},
-    # The CLIP ViT-B/32 feature family of the PRVR collections: AMDNet's release layout
-    # (`FeatureData/new_clip_vit_32_<coll>_vid_features.hdf5`, one sentence vector per caption
-    # in `TextData/clip_ViT_B_32_<coll>_query_feat.hdf5`), 512-d frame and query features.
-    **{f'{collection}_clip': dict(visual_feature='clip', visual_dim=512, query_dim=512,
-                                  text_feature='clip', collection=collection)
-       for collection in ('tvr', 'activitynet', 'charades')},
+    # The PRVR collections on CLIP ViT-B/32 features (AMDNet's release: 512-d frame rows and
+    # one 512-d sentence vector per caption). How a model reads them is its config's
+    # `data.frame_map` / `data.normalize` (docs/data_release.md); these are the release's
+    # defaults (the rows as stored, not normalised).
+    **{f'{name}_clip': dict(visual_feature='', visual_dim=512, query_dim=512,
+                            text_feature='clip', collection=name, frame_map='',
+                            normalize=False)
+       for name in ('tvr', 'activitynet', 'charades')},
 }
+
+# BigFile folder of the MS-SL release per collection: the frame timeline prvr-ea reads the
+# CLIP release along for the models whose loaders walk a BigFile's frame list
+# (`data.frame_map`, `release.Release(frame_map=...)`).
+FRAME_TIMELINES = {name: DATASETS[name]['visual_feature']
+                   for name in ('tvr', 'activitynet', 'charades')}
 
 # Dims of the embedded synthetic benchmark (prvr_jax.data.synthetic).
 SYNTHETIC_DIMS = dict(visual_dim=256, query_dim=128)
@@ -133,6 +141,12 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
                                                         if variant in DATASETS else 'synthetic')
   config.data.visual_feature = DATASETS.get(variant, {}).get('visual_feature', 'synthetic')
   config.data.text_feature = DATASETS.get(variant, {}).get('text_feature', 'roberta')
+  if 'frame_map' in DATASETS.get(variant, {}):
+    # The CLIP layout's construction (CLIP variants only): the FeatureData/<name> folder whose
+    # video2frames.txt gives the frame timeline the CLIP rows are read along ('': the rows as
+    # stored), and whether frames, clips and queries are L2-normalised.
+    config.data.frame_map = DATASETS[variant]['frame_map']
+    config.data.normalize = DATASETS[variant]['normalize']
   config.data.train_split = 'train'
   config.data.val_split = 'val'
   config.data.test_split = 'test'
@@ -157,6 +171,26 @@ def get_base_config(variant: str) -> ml_collections.ConfigDict:
   # prvr_jax.data.resident; another batch order than the stream's).
   config.data.placement = 'stream'
   return config
+
+
+CLIP_VARIANTS = ('tvr_clip', 'activitynet_clip', 'charades_clip')
+
+
+def clip_variants(per_dataset: Mapping[str, Mapping[str, Any]], *, frame_timeline: bool,
+                  normalize: bool = True, recipe_of: Mapping[str, str] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+  """The `<dataset>_clip` variants of a model: each dataset's recipe (`per_dataset[dataset]`,
+  or `per_dataset[recipe_of[variant]]`) on the CLIP ViT-B/32 release, read as the model's CLIP
+  code reads it: along the MS-SL release's frame timeline (`frame_timeline`, prvr-ea's
+  GMMFormer / MS-SL lineage loaders) or the rows as stored, L2-normalised or not; `extra`
+  overrides on top (a model's own CLIP settings)."""
+  out = {}
+  for variant in CLIP_VARIANTS:
+    dataset = variant[:-len('_clip')]
+    recipe = per_dataset[(recipe_of or {}).get(variant, dataset)]
+    out[variant] = {**recipe, 'data.frame_map': FRAME_TIMELINES[dataset] if frame_timeline
+                    else '', 'data.normalize': normalize, **(extra or {})}
+  return out
 
 
 def apply_overrides(config: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
@@ -326,6 +360,8 @@ FIELD_RULES: dict[str, Callable[[Any], str | None]] = {
     'data.source': _choice('shards', 'frames'),
     'data.query_tokens': _flag,
     'data.placement': _choice('stream', 'device'),
+    'data.frame_map': lambda v: None if isinstance(v, str) else 'must be a folder name or ""',
+    'data.normalize': _flag,
 }
 
 

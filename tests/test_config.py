@@ -1,9 +1,12 @@
 """Configs: every field's type and range checked in one pass naming the flag; unknown override
 keys named with the nearest valid one; the model configs' variants all valid."""
 
+import jax
+import numpy as np
 import pytest
 
-from prvr_jax import config_lib, models
+from prvr_jax import config_lib, models, parallel, train
+from prvr_jax.data import catalogue
 import support
 
 
@@ -13,17 +16,43 @@ TEXT_VIDEO_MODELS = {'tmass'}
 # Models of CLIP's joint space only (zero-shot CLIP) offer the CLIP feature family instead of
 # the I3D / RoBERTa release.
 CLIP_ONLY_MODELS = {'clip_zero_shot'}
+# The PRVR models, each offering the CLIP ViT-B/32 family beside its own release.
+CLIP_MODELS = sorted(set(models.names()) - TEXT_VIDEO_MODELS - CLIP_ONLY_MODELS)
+# How each model reads the CLIP release (docs/data_release.md): (along the MS-SL release's
+# frame timeline, L2-normalised); the GMMFormer / MS-SL lineage otherwise.
+CLIP_READING = {'amdnet': (False, False), 'dreamprvr': (False, True), 'holmes': (False, True)}
+# What a `*_clip` variant may change of its dataset's variant besides the data and the input
+# dims: ProtoPRVR takes Table 8's CLIP setting (K = 1, lambda_ortho = 0.01).
+CLIP_RECIPE_CHANGES = {'protoprvr': {'model.prototype_iterations', 'loss.ortho'}}
+
+
+def _variants(name):
+  """Every config variant `configs/<name>.py` offers (ProtoPRVR's CLIP-L/14 ones too)."""
+  extra = list(getattr(support.load_config_module(name), 'CLIP_L14', {}))
+  return [v for v in config_lib.VARIANTS if _offers(name, v)] + extra
 
 
 @pytest.mark.parametrize('name', models.names())
 def test_every_shipped_config_is_valid(name):
-  offered = [v for v in config_lib.VARIANTS if _offers(name, v)]
+  """Every variant validates and its parameters initialise at its input dims (`jax.eval_shape`
+  of the init, which runs the model on a batch of those dims). A variant whose `config.model`
+  is that of `tiny` or of a variant with a documented parameter count is initialised (and
+  counted) by tests/models/test_contract.py instead."""
+  offered = _variants(name)
   datasets = ({'msrvtt', 'msrvtt_features'} if name in TEXT_VIDEO_MODELS
               else {'tvr_clip', 'activitynet_clip'} if name in CLIP_ONLY_MODELS
               else {'tvr', 'activitynet'})
   assert {'synthetic', 'tiny'} | datasets <= set(offered), name
+  spec = models.get_spec(name)
+  model_of = lambda variant: support.load_config(name, variant).model.to_json(sort_keys=True)
+  covered = {model_of(v) for v in ('tiny', *spec.param_counts)}
   for variant in offered:
-    config_lib.validate(support.load_config(name, variant))
+    config = support.load_config(name, variant)
+    config_lib.validate(config)
+    assert config.model.name == name, variant
+    if config.model.to_json(sort_keys=True) not in covered:
+      covered.add(config.model.to_json(sort_keys=True))
+      assert models.count_params(spec.param_shapes(config.model)) > 0, variant
 
 
 def _offers(name, variant):
@@ -33,6 +62,65 @@ def _offers(name, variant):
     assert f'has no config variant {variant!r}; it offers' in str(e)
     return False
   return True
+
+
+@pytest.mark.parametrize('name', CLIP_MODELS)
+def test_every_prvr_model_offers_the_clip_feature_family(name):
+  """`<dataset>_clip` reads AMDNet's CLIP ViT-B/32 release (512-d frames and sentence vectors)
+  as the model's CLIP code does, with its dataset's recipe unchanged (prvr-ea changes only the
+  reader and the input dims), and the model documents its parameter count."""
+  spec = models.get_spec(name)
+  timeline, normalize = CLIP_READING.get(name, (True, True))
+  for variant in config_lib.CLIP_VARIANTS:
+    dataset = variant[:-len('_clip')]
+    config = support.load_config(name, variant)
+    assert (config.model.visual_dim, config.model.query_dim) == (512, 512)
+    assert (config.data.collection, config.data.text_feature) == (dataset, 'clip')
+    assert catalogue.lookup(config).name == f'amdnet-clip/{dataset}'
+    assert config.data.frame_map == (config_lib.FRAME_TIMELINES[dataset] if timeline else '')
+    assert config.data.normalize == normalize
+    assert variant in spec.param_counts, variant  # counted by tests/models/test_contract.py
+    if not _offers(name, dataset):
+      continue  # ProtoPRVR on Charades-STA: no recipe of its own (ActivityNet's)
+    base = config_lib.flat_items(support.load_config(name, dataset))
+    clip = config_lib.flat_items(config)
+    changed = {k for k in base.keys() | clip.keys() if base.get(k) != clip.get(k)}
+    allowed = {'variant', 'model.visual_dim', 'model.query_dim',
+               *CLIP_RECIPE_CHANGES.get(name, ())}
+    assert {k for k in changed if not k.startswith('data.')} <= allowed, (variant, changed)
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize('variant', config_lib.CLIP_VARIANTS)
+@pytest.mark.parametrize('name', CLIP_MODELS)
+def test_one_training_step_of_each_clip_config(name, variant):
+  """The train step of the full-size model of each `*_clip` config on synthetic inputs of its
+  dims (512-d frames, one-token queries as the CLIP release gives them, L2-normalised where the
+  config reads them so); only the batch is small (4 videos, 2 queries each). Run twice: the
+  warm-up schedule's first learning rate is 0, so the second update moves the parameters."""
+  config = support.load_config(name, variant)
+  spec = models.get_spec(name)
+  mesh = support.data_mesh(1)
+  tx, schedule = train.make_model_optimizer(config, spec, total_steps=10)
+  state = train.create_train_state(config, spec, tx, mesh)
+  before = jax.device_get(state.params)
+  step = train.make_train_step(config, spec, tx, schedule, mesh)
+  batch = models.random_batch(config.model, np.random.default_rng(0),
+                              (config.model.max_frames, 70, 5, 33), (1,) * 8,
+                              queries_per_video=2)
+  if config.data.normalize:
+    for key in ('clip_feats', 'frame_feats', 'query_feats'):
+      norms = np.linalg.norm(batch[key], axis=-1, keepdims=True)
+      batch[key] = batch[key] / np.maximum(norms, 1e-5)
+  batch = parallel.shard_global_view(batch, mesh)
+  for _ in range(2):  # one compile
+    state, metrics = step(state, batch, np.int32(0))
+    assert np.isfinite(float(metrics['loss'])) and float(metrics['grad_norm']) > 0, metrics
+  after = jax.device_get(state.params)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(after))
+  moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
+                                                     jax.tree.leaves(after))]
+  assert np.mean(moved) > 0.5, f'{sum(moved)} of {len(moved)} parameter arrays changed'
 
 
 @pytest.mark.parametrize('field, value, message', [

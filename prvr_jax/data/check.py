@@ -171,6 +171,15 @@ def check_shards(shards: Any, config: Any) -> None:
       raise ValueError(f'config.{section}.{flag}={want!r} but the shards in {shards.dir} have '
                        f'{flag}={value!r}; set --config.{section}.{flag}={value} if this is the '
                        'data you mean, or point config.data.dir to the right data')
+  # The CLIP layout's construction, where the config states it (its CLIP variants): the frame
+  # timeline ('' = the rows as stored) and the L2 normalisation.
+  for flag, value in (('frame_map', shards.preprocessing.get('frame_map') or ''),
+                      ('normalize', shards.preprocessing.get('normalize'))):
+    want = config.data.get(flag)
+    if want is not None and value is not None and want != value:
+      raise ValueError(f'config.data.{flag}={want!r} but the shards in {shards.dir} were '
+                       f'prepared with {flag}={value!r}; set --config.data.{flag}={value!r} if '
+                       'this is the data you mean, or point config.data.dir to the right data')
 
 
 def config_splits(data: Any) -> list[str]:
@@ -319,7 +328,7 @@ class _Checker:
     data = self.data
     rel = self._try(release_lib.Release, data.dir, data.get('collection') or None,
                     data.get('visual_feature') or None, data.get('text_feature', 'roberta'),
-                    skip_bad_items=True,
+                    skip_bad_items=True, frame_map=data.get('frame_map') or None,
                     errors=(FileNotFoundError, release_lib.DataError, ValueError))
     if rel is _FAILED:
       return False

@@ -225,12 +225,15 @@ class _ReleaseArgs:
   visual_dim: int | None
   query_dim: int | None
   skip_bad_items: bool
+  frame_map: str | None = None
+  normalize: bool | None = None
 
   def open(self) -> release_lib.Release:
     return release_lib.Release(
         self.root, self.collection, self.visual_feature, self.text_feature,
         num_clips=self.num_clips, max_frames=self.max_frames, max_query_len=self.max_query_len,
-        visual_dim=self.visual_dim, query_dim=self.query_dim, skip_bad_items=self.skip_bad_items)
+        visual_dim=self.visual_dim, query_dim=self.query_dim, skip_bad_items=self.skip_bad_items,
+        frame_map=self.frame_map, normalize=self.normalize)
 
 
 _WORKER: dict[str, Any] = {}  # per worker process: the opened release, its splits' moments
@@ -374,7 +377,8 @@ class _LocalDatasetInfo(tfds.core.DatasetInfo):
 class PrvrConfig(tfds.core.BuilderConfig):
   """One collection / feature of the release, and the preprocessing settings.
 
-  `splits=()` builds every split that has a caption file.
+  `splits=()` builds every split that has a caption file; `frame_map` and `normalize` are
+  `release.Release`'s (None: the layout's defaults).
   """
   collection: str = ''
   visual_feature: str | None = None
@@ -384,6 +388,8 @@ class PrvrConfig(tfds.core.BuilderConfig):
   max_frames: int = preprocess.MAX_FRAMES
   max_query_len: int = preprocess.MAX_QUERY_LEN
   skip_bad_items: bool = False
+  frame_map: str | None = None
+  normalize: bool | None = None
 
 
 class PrvrFeatures(tfds_dataset_builder.FileReaderBuilder,
@@ -430,7 +436,7 @@ class PrvrFeatures(tfds_dataset_builder.FileReaderBuilder,
       self._release = release_lib.Release(
           os.fspath(manual_dir), cfg.collection, cfg.visual_feature, cfg.text_feature,
           num_clips=cfg.num_clips, max_frames=cfg.max_frames, max_query_len=cfg.max_query_len,
-          skip_bad_items=cfg.skip_bad_items)
+          skip_bad_items=cfg.skip_bad_items, frame_map=cfg.frame_map, normalize=cfg.normalize)
     return self._release
 
   def _download_and_prepare(self, dl_manager: tfds.download.DownloadManager,
@@ -691,10 +697,12 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
                    visual_dim: int | None = None, query_dim: int | None = None,
                    skip_bad_items: bool = False, num_shards: int = 0,
                    train_split: str = 'train', allow_split_overlap: bool = False,
-                   workers: int | None = None) -> str:
+                   workers: int | None = None, frame_map: str | None = None,
+                   normalize: bool | None = None) -> str:
   """Writes (or finishes) the shard folder `out_dir` of a release; returns its manifest path.
 
-  The release arguments are `release.Release`'s; `splits` defaults to every split with a
+  The release arguments are `release.Release`'s (`frame_map`, `normalize`: the CLIP
+  layout's construction, recorded in the manifest); `splits` defaults to every split with a
   caption file; `num_shards=0` aims at 256 MiB a shard, at least 8. A re-run keeps the splits
   made from the same inputs (`input_fingerprint`) and the finished shards of an interrupted
   split. `train_split` may share no video with another split unless `allow_split_overlap`
@@ -713,7 +721,8 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
   with files.folder_lock(out_dir, LOCK_FILE, 'preparation of these shards', '--out'):
     release_args = _ReleaseArgs(
         release_dir, collection, visual_feature, text_feature, num_clips,
-        max_frames, max_query_len, visual_dim, query_dim, skip_bad_items)
+        max_frames, max_query_len, visual_dim, query_dim, skip_bad_items, frame_map or None,
+        normalize)
     release = release_args.open()
     splits = tuple(splits or release.splits)
     settings = {
@@ -727,6 +736,8 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
         'l2_eps': preprocess.L2_EPS,
         'skip_bad_items': skip_bad_items,
     }
+    if release.frame_map:  # recorded only when set: the manifests written before it still match
+      settings['frame_map'] = release.frame_map
     manifest = {'format': FORMAT, 'format_version': FORMAT_VERSION, 'complete': False,
                 'builder': {'name': BUILDER_NAME, 'version': str(PrvrFeatures.VERSION)},
                 'preprocessing': settings, 'splits': {}}
@@ -765,6 +776,7 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
         n = min(num_shards or _auto_num_shards(split, release), len(split.video_ids))
         config = PrvrConfig(
             name=f'{release.collection}-{visual_feature or text_feature}-{name}', splits=(name,),
+            normalize=normalize,
             **{k: v for k, v in settings.items() if k not in ('normalize', 'l2_eps')})
         split_dir = os.path.join(out_dir, BUILDER_NAME, config.name, str(PrvrFeatures.VERSION))
         tasks = _resume_tasks(split_dir, name, fingerprint, len(split.video_ids), n)
@@ -833,4 +845,5 @@ def prepare_from_config(config, out_dir: str, num_shards: int = 0,
       visual_dim=model.get('visual_dim'), query_dim=model.get('query_dim'),
       skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards,
       train_split=data.get('train_split', 'train'),
-      allow_split_overlap=data.get('allow_split_overlap', False), workers=workers)
+      allow_split_overlap=data.get('allow_split_overlap', False), workers=workers,
+      frame_map=data.get('frame_map') or None, normalize=data.get('normalize'))

@@ -83,6 +83,27 @@ def l2_normalize(x: np.ndarray, eps: float = L2_EPS) -> np.ndarray:
   return x / (np.linalg.norm(x, axis=-1, keepdims=True) + eps)
 
 
+def timeline_rows(frame_indices: np.ndarray, num_rows: int) -> np.ndarray:
+  """Rows of a `[num_rows, D]` feature array that stand for the frames `frame_indices` of
+  another extraction's timeline (a BigFile's `video2frames.txt`: frame `i` of `0..last`):
+  row `round(i / last * (num_rows - 1))`, half to even, clipped to the last row; every index
+  unchanged when `last` is 0. prvr-ea reads the CLIP release this way for the models whose
+  loaders walk a BigFile's frame list (docs/data_release.md), so a video keeps the frame count
+  of that extraction. `[len(frame_indices)]` int64.
+  """
+  if num_rows < 1:
+    raise ValueError(f'need at least one feature row, got num_rows={num_rows}')
+  indices = np.asarray(frame_indices, dtype=np.int64)
+  if indices.ndim != 1 or indices.size == 0 or (indices < 0).any():
+    raise ValueError(f'timeline_rows expects a non-empty list of frame indices >= 0, got '
+                     f'{indices.tolist()[:5]}')
+  last = int(indices.max())
+  if last > 0:
+    # Python's round(i / last * (n - 1)) in float64: the same operations, half to even.
+    indices = np.round(indices / np.float64(last) * np.float64(num_rows - 1)).astype(np.int64)
+  return np.minimum(indices, num_rows - 1)
+
+
 def truncate_tokens(x: np.ndarray, max_len: int = MAX_QUERY_LEN) -> np.ndarray:
   """Keeps the first `max_len` rows of a `[n, D]` token sequence."""
   return np.asarray(x)[:max_len]

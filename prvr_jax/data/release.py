@@ -3,7 +3,8 @@
 A collection folder `<root>/<collection>/` holds `TextData/` (`<collection><split>.caption.txt`
 files of `<cap_id> <caption>` lines, the query features HDF5) and `FeatureData/` (a BigFile of
 frame rows and `video2frames.txt` in the token layouts 'roberta' and 'clip_text'; AMDNet's
-video HDF5 in the CLIP layout 'clip'); `Layout` has every path. The video id of a caption is
+video HDF5 in the CLIP layout 'clip', optionally read along a BigFile's frame timeline
+(`frame_map`)); `Layout` has every path. The video id of a caption is
 its cap_id up to the first '#'. Every problem raises `DataError` (or `FileNotFoundError`)
 naming the file and the id at fault; `skip_bad_items=True` skips bad videos / captions instead
 and records each one in `ReleaseSplit.skipped`.
@@ -451,10 +452,16 @@ class Layout:
   collection: str
   visual_feature: str | None
   text_feature: str
+  # CLIP layout: the FeatureData/<frame_map> folder whose video2frames.txt gives the frame
+  # timeline the CLIP rows are read along (None: the rows as stored).
+  frame_map: str | None = None
 
   def __post_init__(self):
     if self.text_feature not in TEXT_FEATURES:
       raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {self.text_feature!r}')
+    if self.frame_map and self.text_feature != 'clip':
+      raise ValueError(f'frame_map={self.frame_map!r} reads the CLIP layout along a frame '
+                       f'timeline; text_feature={self.text_feature!r} is not the CLIP layout')
 
   @property
   def text_dir(self) -> str:
@@ -478,6 +485,12 @@ class Layout:
     return os.path.join(self.collection_dir, 'FeatureData',
                         f'new_clip_vit_32_{self.collection}_vid_features.hdf5')
 
+  @property
+  def frame_map_path(self) -> str:
+    """The video2frames.txt of `frame_map` (CLIP layout)."""
+    return os.path.join(self.collection_dir, 'FeatureData', self.frame_map or '',
+                        'video2frames.txt')
+
   def caption_path(self, split: str) -> str:
     return os.path.join(self.text_dir, f'{self.collection}{split}{_CAPTION_SUFFIX}')
 
@@ -488,7 +501,8 @@ class Layout:
   def feature_files(self) -> list[str]:
     """The feature files this layout reads (caption files aside)."""
     if self.text_feature == 'clip':
-      return [self.clip_video_feature_path, self.query_feature_path]
+      timeline = [self.frame_map_path] if self.frame_map else []
+      return [self.clip_video_feature_path, *timeline, self.query_feature_path]
     bigfile = [os.path.join(self.feature_dir, f) for f in ('feature.bin', 'id.txt', 'shape.txt')]
     return bigfile + [self.video2frames_path, self.query_feature_path]
 
@@ -541,8 +555,13 @@ class Release:
   `root` holds `<collection>/` or is the collection folder (the collection is inferred when
   unambiguous); `visual_feature` names the BigFile folder (unused by 'clip'). `num_clips`,
   `max_frames`, `max_query_len` are the official preprocessing sizes; `normalize` defaults to
-  True for the token layouts and False for 'clip' (as AMDNet). `visual_dim` / `query_dim`
-  (`config.model.*_dim`, None: from the data) raise naming the flag on a mismatch.
+  True for the token layouts and False for 'clip' (as AMDNet). `frame_map` (CLIP layout only)
+  names a BigFile folder whose `video2frames.txt` gives each video's frame timeline: a video
+  is then its CLIP rows read along that timeline (`preprocess.timeline_rows`) and pooled in
+  float64, as prvr-ea reads the CLIP release for GMMFormer, GMMFormer v2, HLFormer and MS-SL;
+  None reads the rows as stored, pooled in float32 (AMDNet, DreamPRVR, Holmes).
+  `visual_dim` / `query_dim` (`config.model.*_dim`, None: from the data) raise naming the flag
+  on a mismatch.
   `check_values` reads every feature of a split when it is opened (else non-finite values
   raise when an item is read). See docs/data_release.md.
   """
@@ -552,14 +571,15 @@ class Release:
                max_frames: int = preprocess.MAX_FRAMES, max_query_len: int = preprocess.MAX_QUERY_LEN,
                normalize: bool | None = None, visual_dim: int | None = None,
                query_dim: int | None = None, skip_bad_items: bool = False,
-               check_values: bool = False):
+               check_values: bool = False, frame_map: str | None = None):
     if text_feature not in TEXT_FEATURES:
       raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {text_feature!r}')
     if text_feature in TOKEN_TEXT_FEATURES and not visual_feature:
       raise ValueError(f'text_feature={text_feature!r} needs visual_feature (the FeatureData/<name> '
                        'BigFile folder)')
     collection_dir, collection = _resolve_collection(root, collection)
-    self.layout = Layout(collection_dir, collection, visual_feature, text_feature)
+    self.layout = Layout(collection_dir, collection, visual_feature, text_feature,
+                         frame_map or None)
     self.num_clips = num_clips
     self.max_frames = max_frames
     self.max_query_len = max_query_len
@@ -587,6 +607,10 @@ class Release:
   def is_clip(self) -> bool:
     return self.layout.text_feature == 'clip'
 
+  @property
+  def frame_map(self) -> str | None:
+    return self.layout.frame_map
+
   # Shared readers, opened on first use.
 
   @functools.cached_property
@@ -600,6 +624,11 @@ class Release:
   @functools.cached_property
   def video2frames(self) -> dict[str, list[str]]:
     return read_video2frames(self.layout.video2frames_path)
+
+  @functools.cached_property
+  def timeline(self) -> dict[str, list[str]]:
+    """video id -> frame ids of the `frame_map` folder's video2frames.txt."""
+    return read_video2frames(self.layout.frame_map_path)
 
   @functools.cached_property
   def clip_videos(self) -> ClipVideoFeatures:
@@ -686,9 +715,33 @@ class ReleaseSplit:
 
   def num_frames(self, video_id: str) -> int:
     """Raw number of frames (feature rows) of a video."""
+    if self.release.frame_map:
+      return len(self._timeline_indices(video_id))
     if self.release.is_clip:
       return self.release.clip_videos.shape(video_id)[0]
     return len(self._frame_ids(video_id))
+
+  def _timeline_problem(self, video_id: str) -> str | None:
+    """What is wrong with a video's frame list in the `frame_map` timeline, or None."""
+    rel = self.release
+    path = rel.layout.frame_map_path
+    frames = rel.timeline.get(video_id)
+    if not frames:
+      return f'video {short(video_id)} has no frame list in {path}'
+    for frame in frames:
+      vid, _, index = frame.rpartition('_')
+      if vid != video_id or not (index.isascii() and index.isdigit()):
+        return (f'video {short(video_id)}: frame id {short(frame)} in {path} is not '
+                f'<video id>_<frame index>')
+    return None
+
+  def _timeline_indices(self, video_id: str) -> np.ndarray:
+    """`[n]` int64 frame indices of a video in the `frame_map` timeline."""
+    problem = self._timeline_problem(video_id)
+    if problem:
+      raise DataError(problem)
+    return np.array([int(f.rpartition('_')[2]) for f in self.release.timeline[video_id]],
+                    dtype=np.int64)
 
   def _frame_ids(self, video_id: str) -> list[str]:
     frames = self.release.video2frames.get(video_id)
@@ -713,14 +766,20 @@ class ReleaseSplit:
       row = int(np.argmax(bad))
       where = f'frame {row}' if rel.is_clip else f'frame id {short(frames[row])}'
       raise DataError(f'video {short(video_id)}: NaN/Inf in {where} ({int(bad.sum())} bad frame(s)) in {source}')
+    if rel.frame_map:
+      indices = self._timeline_indices(video_id)
+      check_elements((len(indices), x.shape[1]), rel.layout.frame_map_path,
+                     f'video {short(video_id)}')
+      x = x[preprocess.timeline_rows(indices, x.shape[0])]
     return x
 
   def video_features(self, video_id: str) -> tuple[np.ndarray, np.ndarray]:
     """Preprocessed (clip features `[num_clips, Dv]`, frame features `[min(n, max_frames), Dv]`), f32."""
     rel = self.release
-    # BigFile rows reach the official code as Python floats: it pools in float64.
+    # BigFile rows, and prvr-ea's CLIP rows read along a frame timeline, reach the official
+    # code as Python floats: it pools them in float64.
     x = self.raw_video_features(video_id)
-    x = x.astype(np.float32 if rel.is_clip else np.float64)
+    x = x.astype(np.float32 if rel.is_clip and not rel.frame_map else np.float64)
     clips = preprocess.average_to_fixed_length(x, rel.num_clips)
     frames = preprocess.uniform_feature_sampling(x, rel.max_frames)
     if rel.normalize:
@@ -758,6 +817,13 @@ class ReleaseSplit:
         return f'video {short(video_id)} has no frames (shape {shape}) in {rel.clip_videos.path}'
       if math.prod(shape) > MAX_FEATURE_ELEMENTS:
         return _too_large('video', video_id, shape, rel.clip_videos.path)
+      if rel.frame_map:
+        problem = self._timeline_problem(video_id)
+        if problem:
+          return problem
+        if len(rel.timeline[video_id]) * shape[1] > MAX_FEATURE_ELEMENTS:
+          return _too_large('video', video_id, (len(rel.timeline[video_id]), shape[1]),
+                            rel.layout.frame_map_path)
       dim, source = shape[1], rel.clip_videos.path
     else:
       frames = rel.video2frames.get(video_id)

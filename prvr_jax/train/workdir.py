@@ -29,7 +29,7 @@ EXACT_RESUME_FIELDS = (
     'model.', 'data.name', 'data.collection', 'data.visual_feature', 'data.text_feature',
     'data.synthetic_size', 'data.synthetic_seed', 'data.train_split', 'data.shuffle_buffer',
     'data.host_sharded_reading', 'data.skip_bad_items', 'data.max_queries_per_batch',
-    'data.placement',
+    'data.placement', 'data.frame_map', 'data.normalize',
     'train.batch_size', 'train.seed')
 ADDED_FIELDS = config_lib.ADDED_FIELDS
 # Fields that change nothing the run computes (where data lies, logging, checkpoint cadence).

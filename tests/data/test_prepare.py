@@ -14,6 +14,7 @@ tf = support.require_tensorflow()
 import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
 from prvr_jax import files
+from prvr_jax.data import check
 from prvr_jax.data import pipeline
 from prvr_jax.data import prepare
 from prvr_jax.data import release as release_lib
@@ -94,12 +95,53 @@ def test_round_trip_is_bit_exact(toy):
     assert rows == set(range(len(split.caption_ids)))
 
 
+def test_a_clip_config_prepares_its_construction_and_checks_it(tmp_path):
+  """A `*_clip` config's reading of the CLIP release (frame timeline, L2 normalisation) is what
+  its shards are made with, recorded in the manifest, and checked against the config."""
+  rng = np.random.default_rng(1)
+  videos = {f'v{i}': rng.normal(size=(n, 512)).astype(np.float32) for i, n in
+            enumerate((3, 50, 140))}
+  captions = {split: [(f'v{i}#{split}', 'words') for i in range(3)]
+              for split in ('train', 'val', 'test')}
+  feats = {c: rng.normal(size=(512,)).astype(np.float32)
+           for items in captions.values() for c, _ in items}
+  root = release_lib.write_release(str(tmp_path / 'release'), 'tvr', videos, captions, feats,
+                                   text_feature='clip')
+  release_lib.write_video2frames(
+      os.path.join(root, 'FeatureData', 'i3d_resnet', 'video2frames.txt'),
+      {v: [f'{v}_{i}' for i in range(n)] for v, n in (('v0', 9), ('v1', 20), ('v2', 300))})
+  config = support.load_config('gmmformer', 'tvr_clip')
+  config.data.dir, config.data.allow_split_overlap = root, True  # every split has every video
+  out = str(tmp_path / 'shards')
+  prepare.prepare_from_config(config, out)
+  shards = pipeline.open_shards(out)
+  assert shards.preprocessing['frame_map'] == 'i3d_resnet' and shards.preprocessing['normalize']
+  split = release_lib.Release(root, 'tvr', None, 'clip', frame_map='i3d_resnet',
+                              normalize=True).split('test')
+  for b in pipeline.eval_videos(shards, 'test', global_batch_size=3, process_index=0,
+                                process_count=1):
+    for row, col in enumerate(b['video_index']):
+      clips, frames = split.video_features(split.video_ids[col])
+      assert b['clip_feats'][row].tobytes() == clips.tobytes()
+      assert b['frame_feats'][row, :len(frames)].tobytes() == frames.tobytes()
+  check.check_shards(shards, config)
+  config.data.frame_map = ''
+  with pytest.raises(ValueError, match=r"config.data.frame_map='' but the shards in .* were "
+                     r"prepared with frame_map='i3d_resnet'"):
+    check.check_shards(shards, config)
+  config.data.frame_map, config.data.normalize = 'i3d_resnet', False
+  with pytest.raises(ValueError, match=r'config.data.normalize=False but .* normalize=True'):
+    check.check_shards(shards, config)
+
+
 def test_manifest_and_spans(toy):
   _, out = toy
   with open(os.path.join(out, shard_format.MANIFEST)) as f:
     manifest = json.load(f)
   train, test = manifest['splits']['train'], manifest['splits']['test']
   assert manifest['complete'] and manifest['visual_dim'] == DV and manifest['query_dim'] == DQ
+  # No frame timeline: the settings of the folders prepared before `frame_map` existed.
+  assert 'frame_map' not in manifest['preprocessing']
   assert train['num_videos'] == 8 and sum(s['num_videos'] for s in train['shards']) == 8
   assert sum(s['num_captions'] for s in train['shards']) == train['num_captions']
   assert train['max_captions_per_video'] == 3 and not train['has_spans']

@@ -452,6 +452,77 @@ def test_clip_layout_bad_input_names_file_and_id(clip_release):
     _split_clip(root, 'val')
 
 
+# Frames of each video on the MS-SL release's timeline (video2frames.txt), against the CLIP
+# rows of `FRAMES`: longer, shorter, equal, one frame; v1's 5 frames onto 7 rows, v2's onto 40.
+TIMELINE = {'v0': 1, 'v1': 5, 'v2': 13, 'v3': 200}
+
+
+def _timeline_release(tmp_path):
+  """A CLIP-layout collection 'act' with a `FeatureData/i3d/video2frames.txt` timeline."""
+  videos, cap_feats = _data(text_feature='clip')
+  root = release.write_release(str(tmp_path), 'act', videos, CAPTIONS, cap_feats,
+                               text_feature='clip')
+  timeline = {v: [f'{v}_{i}' for i in range(n)] for v, n in TIMELINE.items()}
+  release.write_video2frames(os.path.join(root, 'FeatureData', 'i3d', 'video2frames.txt'),
+                             timeline)
+  return root, videos, cap_feats
+
+
+def test_timeline_rows_round_half_to_even():
+  """Row round(i / last * (n - 1)) of frame i of 0..last, as Python's round: 5 frames onto 3
+  rows put frames 1 and 3 (0.5, 1.5) on rows 0 and 2."""
+  np.testing.assert_array_equal(preprocess.timeline_rows([0, 1, 2, 3, 4], 3), [0, 0, 1, 2, 2])
+  np.testing.assert_array_equal(preprocess.timeline_rows([0], 9), [0])  # last = 0: unchanged
+  np.testing.assert_array_equal(preprocess.timeline_rows([0, 5, 9], 4), [0, 2, 3])
+  with pytest.raises(ValueError, match='frame indices >= 0'):
+    preprocess.timeline_rows([], 3)
+
+
+def test_clip_layout_along_a_frame_timeline(tmp_path):
+  """prvr-ea's CLIP reading for the GMMFormer / MS-SL lineage: each frame of the BigFile's
+  timeline takes the CLIP row at its relative position (Python's round), the video keeps the
+  timeline's frame count, and pooling runs in float64 (the rows reach it as Python floats)."""
+  root, videos, cap_feats = _timeline_release(tmp_path)
+  with release.Release(root, 'act', None, 'clip', frame_map='i3d', normalize=True) as rel:
+    assert rel.layout.frame_map_path in rel.layout.feature_files()
+    split = rel.split('train')
+    for video_id, count in TIMELINE.items():
+      rows = videos[video_id]
+      last, n = count - 1, len(rows)
+      picked = [min(round(i / last * (n - 1)) if last else i, n - 1) for i in range(count)]
+      expected = np.array([rows[r].tolist() for r in picked])  # float64, as prvr-ea's reader
+      assert split.num_frames(video_id) == count
+      clips, frames = split.video_features(video_id)
+      np.testing.assert_array_equal(clips, preprocess.l2_normalize(
+          preprocess.average_to_fixed_length(expected)).astype(np.float32))
+      np.testing.assert_array_equal(frames, preprocess.l2_normalize(
+          preprocess.uniform_feature_sampling(expected)).astype(np.float32))
+    query = split.caption_features('v1#enc#0')
+    np.testing.assert_array_equal(query, preprocess.l2_normalize(cap_feats['v1#enc#0'][None]))
+
+
+def test_frame_timeline_errors_name_the_file_and_the_id(tmp_path):
+  root, _, _ = _timeline_release(tmp_path)
+  timeline_file = os.path.join(root, 'FeatureData', 'i3d', 'video2frames.txt')
+  with pytest.raises(ValueError, match="frame_map='i3d' reads the CLIP layout"):
+    release.Release(root, 'act', 'i3d', 'roberta', frame_map='i3d')
+  with pytest.raises(FileNotFoundError, match='FeatureData/i3d_rgb_lgi/video2frames.txt'):
+    release.Release(root, 'act', None, 'clip', frame_map='i3d_rgb_lgi')
+  timeline = release.read_video2frames(timeline_file)
+  del timeline['v2']
+  timeline['v1'][3] = 'v1_x'
+  release.write_video2frames(timeline_file, timeline)
+  with pytest.raises(DataError, match=rf"(?s)2 bad item.*video 'v1': frame id 'v1_x' in "
+                     rf"{timeline_file} is not <video id>_<frame index>.*video 'v2' has no "
+                     rf'frame list in {timeline_file}'):
+    release.Release(root, 'act', None, 'clip', frame_map='i3d').split('train')
+  with release.Release(root, 'act', None, 'clip', frame_map='i3d', skip_bad_items=True) as rel:
+    split = rel.split('train')
+    assert 'v1' not in split.video_ids and 'v2' not in split.video_ids
+    with pytest.raises(DataError, match=rf"video 'v2' has no frame list in {timeline_file}"):
+      split.video_features('v2')
+
+
 def test_constructor_argument_errors(tvr):
   root, _, _ = tvr
   with pytest.raises(ValueError, match='text_feature'):

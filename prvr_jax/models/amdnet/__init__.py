@@ -2,9 +2,9 @@
 entry.
 
 Parameters (the minimally repaired official model at the repo's configs, 512-d CLIP inputs,
-`jax.eval_shape`): hidden 384 (TVR) 1,781,896; hidden 256 (ActivityNet and Charades-STA)
-893,704 (paper: 0.89M). Stored per video: 32 moment-enhanced clip vectors (49,152 bytes in
-float32 at width 384, 32,768 at 256).
+`jax.eval_shape`): hidden 384 (TVR, also `tvr_clip`) 1,781,896; hidden 256 (ActivityNet and
+Charades-STA, also `activitynet_clip`, `charades_clip`) 893,704 (paper: 0.89M). Stored per
+video: 32 moment-enhanced clip vectors (49,152 bytes in float32 at width 384, 32,768 at 256).
 """
 
 from prvr_jax.models.amdnet import official
@@ -20,7 +20,9 @@ SPEC = ModelSpec(
     # Softmax is shift invariant: the key bias of the first (unmasked) attention gets none.
     gradient_free=(r'^attention/attention/key/bias$',),
     official=OfficialCheckpoint(names=official.names, infer_config=official.infer_config),
-    param_counts={'tvr': 1_781_896, 'activitynet': 893_704, 'charades': 893_704},
+    param_counts={'tvr': 1_781_896, 'activitynet': 893_704, 'charades': 893_704,
+                  'tvr_clip': 1_781_896, 'activitynet_clip': 893_704,
+                  'charades_clip': 893_704},
     video_inputs=('clip_feats',), relevance='relevance')
 
 __all__ = ['AMDNet', 'SPEC', 'objective']

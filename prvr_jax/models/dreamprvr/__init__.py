@@ -4,7 +4,9 @@ GMMFormer v2's / HLFormer's query branch and two video branches whose register-a
 Gaussian attention blocks take K registers per video, made by a conditional diffusion from
 a video-centric start (docs/dreamprvr.md). Parameters (the official model at its configs,
 `jax.eval_shape`, equal to the official `parameters()` counts, the frozen 10 x 384 time
-table included): TVR 37,622,976; ActivityNet 36,139,200; Charades-STA 36,139,968. Stored
+table included): TVR 37,622,976; ActivityNet 36,139,200; Charades-STA 36,139,968; on CLIP
+ViT-B/32 features (512-d inputs) `tvr_clip` 35,547,840, `activitynet_clip` 35,546,304,
+`charades_clip` 35,547,072 (K registers 8 / 4 / 6, as the datasets' recipes). Stored
 per video: 32 clip and 128 frame vectors of width 384 (245,760 bytes in float32).
 """
 
@@ -23,7 +25,9 @@ _NO_DECAY = (r'/gpo/(forward|backward)/(input|hidden)_bias$',
 
 _spec = two_branch.spec(
     'dreamprvr', DreamPRVR, objective, official, extra_rng_streams=(PERTURBATION,),
-    param_counts={'tvr': 37_622_976, 'activitynet': 36_139_200, 'charades': 36_139_968},
+    param_counts={'tvr': 37_622_976, 'activitynet': 36_139_200, 'charades': 36_139_968,
+                  'tvr_clip': 35_547_840, 'activitynet_clip': 35_546_304,
+                  'charades_clip': 35_547_072},
     # Softmax is shift invariant: the key bias of unwindowed attention (query branch, the
     # condition encoder, the mixing and query-former cross-attentions) and the mixing output
     # bias get none; the time table is frozen (its gradient stopped, as officially).

@@ -1,8 +1,9 @@
 """HLFormer (Li et al., ICCV 2025): model, objective, official names, registry entry.
 
 Parameters (the official model at its configs, `jax.eval_shape`): TVR 29,911,483;
-ActivityNet and Charades-STA 28,429,243 (the official `named_parameters()` count one more:
-the frozen manifold curvature `manifold.k` = 1, a constant here). Stored per video: 32 clip
+ActivityNet and Charades-STA 28,429,243; on CLIP ViT-B/32 features (512-d inputs, `tvr_clip`,
+`activitynet_clip`, `charades_clip`) 27,836,347 (the official `named_parameters()` count one
+more: the frozen manifold curvature `manifold.k` = 1, a constant here). Stored per video: 32 clip
 and 128 frame vectors of width 384 (245,760 bytes in float32).
 """
 
@@ -38,7 +39,9 @@ def bounds(config_model: Any) -> tuple[tuple[str, float, float], ...]:
 SPEC = dataclasses.replace(
     two_branch.spec(
         'hlformer', HLFormer, objective,
-        param_counts={'tvr': 29_911_483, 'activitynet': 28_429_243, 'charades': 28_429_243},
+        param_counts={'tvr': 29_911_483, 'activitynet': 28_429_243, 'charades': 28_429_243,
+                      'tvr_clip': 27_836_347, 'activitynet_clip': 27_836_347,
+                      'charades_clip': 27_836_347},
         # Softmax is shift invariant: the key bias of unwindowed attention (query branch, the
         # mixing cross-attention), the score bias of the unwindowed Lorentz block and the
         # mixing output bias (one value per position, shared by the branches the softmax runs

@@ -6,8 +6,9 @@ evidential (Dirichlet) losses and an intra-video term from a partial optimal tra
 (`objective.py`, docs/holmes.md). Parameters (the official model at its configs, counted with
 `named_parameters()` on the official code and by `jax.eval_shape` here): TVR 32,273,440;
 ActivityNet and Charades-STA 30,791,200 (GMMFormer v2's, shape for shape; the unused
-`weight_token` included). Stored per video: 32 clip and 128 frame vectors of width 384
-(245,760 bytes in float32).
+`weight_token` included); on CLIP ViT-B/32 features (512-d inputs: `tvr_clip`,
+`activitynet_clip`, `charades_clip`) 30,198,304. Stored per video: 32 clip and 128 frame
+vectors of width 384 (245,760 bytes in float32).
 
 The official `multisrc/` ("multi", TVR only; `model.frame_branch_query`, the config option
 `multi`) adds RAL's frame branch: a frame-branch query encoder and confidence-weighted
@@ -25,7 +26,8 @@ from prvr_jax.models.holmes.objective import holmes_terms, objective
 SPEC = two_branch.spec(
     'holmes', Holmes, objective, official,
     param_counts={'tvr': 32_273_440, 'activitynet': 30_791_200, 'charades': 30_791_200,
-                  'tvr,multi': 34_345_121},
+                  'tvr,multi': 34_345_121, 'tvr_clip': 30_198_304,
+                  'activitynet_clip': 30_198_304, 'charades_clip': 30_198_304},
     # Softmax is shift invariant: the key bias of unwindowed attention (query branch, the
     # mixing cross-attention) and the mixing output bias (one value per position, shared by
     # the branches the softmax runs over) get none; `weight_token` is unused, as officially.
