@@ -10,11 +10,12 @@ from typing import Any
 import flax.linen as nn
 
 from prvr_jax.models import amdnet, dreamprvr, gmmformer, gmmformer_v2, hlformer, holmes
-from prvr_jax.models import ms_sl, protoprvr, ral, tmass
+from prvr_jax.models import ms_sl, msc_prvr, protoprvr, ral, tmass
 from prvr_jax.models.spec import ModelSpec
 
 _BUILTIN = (gmmformer.SPEC, gmmformer_v2.SPEC, ms_sl.SPEC, amdnet.SPEC, protoprvr.SPEC,
-            tmass.SPEC, ral.SPEC, hlformer.SPEC, holmes.SPEC, dreamprvr.SPEC)
+            tmass.SPEC, ral.SPEC, hlformer.SPEC, holmes.SPEC, dreamprvr.SPEC,
+            msc_prvr.SPEC)
 _REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in _BUILTIN}
 
 
