@@ -58,9 +58,23 @@ def _alignment(frames: jax.Array, segments: jax.Array, labels: jax.Array) -> jax
   return to_segments + to_frames
 
 
+def alignment_stages(frames: jax.Array, clips: jax.Array, labels: jax.Array,
+                     clip_inputs: jax.Array, sizes: jax.Array,
+                     targets: Sequence[int] = TARGETS) -> jax.Array:
+  """One video's alignment loss at every stage of the cascade: `[1 + len(targets)]`, against
+  its K clips, then merged to each of `targets` (the arguments as `cross_branch_alignment`'s,
+  without the batch axis)."""
+  losses = [_alignment(frames, clips, labels)]
+  segments, metric, weight = clips, clip_inputs, sizes
+  for target in targets:
+    segments, metric, weight, labels = merge_bipartite(segments, metric, weight, labels, target)
+    losses.append(_alignment(frames, segments, labels))
+  return jnp.stack(losses)
+
+
 def cross_branch_alignment(frames: jax.Array, clips: jax.Array, labels: jax.Array,
                            clip_inputs: jax.Array, sizes: jax.Array, valid: jax.Array,
-                           threshold: float, targets: Sequence[int] = TARGETS,
+                           threshold: float | jax.Array, targets: Sequence[int] = TARGETS,
                            thresholds: Sequence[float] = THRESHOLDS) -> jax.Array:
   """Adaptive CBVA, mean over the valid videos.
 
@@ -81,15 +95,9 @@ def cross_branch_alignment(frames: jax.Array, clips: jax.Array, labels: jax.Arra
                      '(config.loss.cbva_targets / cbva_thresholds)')
 
   def one_video(frames, clips, labels, clip_inputs, sizes):
-    losses = [_alignment(frames, clips, labels)]
-    segments, metric, weight = clips, clip_inputs, sizes
-    for target in targets:
-      segments, metric, weight, labels = merge_bipartite(segments, metric, weight, labels,
-                                                         target)
-      losses.append(_alignment(frames, segments, labels))
     redundancy = intra_video_redundancy(clip_inputs, threshold)
     stage = sum((redundancy >= t).astype(jnp.int32) for t in thresholds)
-    return jnp.stack(losses)[stage]
+    return alignment_stages(frames, clips, labels, clip_inputs, sizes, targets)[stage]
 
   per_video = jax.vmap(one_video)(frames, clips, labels, clip_inputs, sizes)
   return jnp.sum(jnp.where(valid, per_video, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
