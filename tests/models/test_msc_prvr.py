@@ -57,13 +57,14 @@ def fixture():
 
 def test_official_parameter_counts():
   """The official `named_parameters()` counts (tests/fixtures/msc_prvr/README.md) at the
-  official dims and at the fixture's."""
+  official feature widths and at the fixture's (the dataset variants': the contract test)."""
   spec = registry.get_spec('msc_prvr')
   config = support.load_config('msc_prvr', 'qvhighlights').model
   assert count_params(spec.param_shapes(config)) == spec.param_counts['qvhighlights']
   assert spec.param_counts['qvhighlights'] == 32_142_880
-  config.update(visual_dim=768, query_dim=768)  # the official ViT-L/14 features
-  assert count_params(spec.param_shapes(config)) == 30_660_640 == spec.param_counts['tvr_clip']
+  for dims, count in (((768, 768), 30_660_640), ((512, 512), 30_364_192)):
+    config.update(visual_dim=dims[0], query_dim=dims[1])  # CLIP ViT-L/14 and ViT-B/32
+    assert count_params(spec.param_shapes(config)) == count, dims
   tiny = ml_collections.ConfigDict(CONFIG)
   assert count_params(spec.param_shapes(tiny)) == sum(
       v.size for k, v in np.load(FIXTURE).items() if k.startswith('param/'))
