@@ -89,8 +89,8 @@ class MSCPRVR(GMMFormerV2):
     tokens, sizes, labels = jax.vmap(lambda f: merge_frames(f, self.merge_targets))(frames)
     if self.normalize_inputs:
       frames = input_normalize(frames)
-    return {'clip_inputs': input_normalize(tokens), 'clip_sizes': sizes, 'frame_clip': labels, 'frames': frames,
-            'frame_mask': jnp.ones(frames.shape[:2], frames.dtype)}
+    return {'clip_inputs': input_normalize(tokens), 'clip_sizes': sizes, 'frame_clip': labels,
+            'frames': frames, 'frame_mask': jnp.ones(frames.shape[:2], frames.dtype)}
 
   def query_tokens(self, queries: Batch) -> jax.Array:
     """`query_feats [Q, Lq, Dq]`, normalised here with `normalize_inputs`."""

@@ -6,9 +6,10 @@
 The retrieval terms are GMMFormer v2's (`two_branch`; no query diversity, no optimal
 matching). Text correlation preservation (TCPL): relational distillation
 (`losses.relational`) from the query's CLIP feature at its last token (the EOT token of CLIP
-text features; no gradient) to its pooled encoding (the forward's `teacher`). Cross-branch video alignment:
-`losses.alignment.cross_branch_alignment` of the projected frames against the projected clips,
-merged adaptively (`cbva_targets`, `cbva_thresholds`, the cosine threshold `sim_threshold`).
+text features; no gradient) to its pooled encoding (the forward's `teacher`). Cross-branch
+video alignment: `losses.alignment.cross_branch_alignment` of the projected frames against
+the projected clips, merged adaptively (`cbva_targets`, `cbva_thresholds`, the cosine
+threshold `sim_threshold`).
 """
 
 from collections.abc import Mapping
