@@ -38,7 +38,7 @@ from prvr_jax.models.fields import config_fields
 from prvr_jax.models.msc_prvr.model import MSCPRVR
 
 # MSC-PRVR's fields: 77 query positions, fusion 0.4 S_c + 0.6 S_f, the 128 -> 80 -> 52 -> 32
-# merge cascade.
+# merge cascade (`merge_targets` empty: the official rounds for 128 frames and 32 clips).
 MODEL = dict(name='msc_prvr', **config_fields(MSCPRVR))
 # The README commands' loss weights (every dataset); no query diversity, no optimal matching.
 LOSS = dict(hard_pool_size=20, hard_negative_start_epoch=20, stochastic_support=0.0, qdl=0.0,

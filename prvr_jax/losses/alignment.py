@@ -93,6 +93,10 @@ def cross_branch_alignment(frames: jax.Array, clips: jax.Array, labels: jax.Arra
   if len(targets) != len(thresholds):
     raise ValueError(f'{len(targets)} merge targets for {len(thresholds)} redundancy levels '
                      '(config.loss.cbva_targets / cbva_thresholds)')
+  counts = (clips.shape[1],) + tuple(targets)
+  if any(n % 2 or not n // 2 <= m < n for n, m in zip(counts[:-1], counts[1:])):
+    raise ValueError(f'config.loss.cbva_targets={tuple(targets)}: each stage merges an even '
+                     f'count of segments into at least half of them, from the {counts[0]} clips')
 
   def one_video(frames, clips, labels, clip_inputs, sizes):
     redundancy = intra_video_redundancy(clip_inputs, threshold)

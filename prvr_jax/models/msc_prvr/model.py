@@ -34,6 +34,8 @@ from prvr_jax.models.spec import Batch
 INPUT_EPS = 1e-5
 # Keys of a batch that carries the merged clip tokens itself.
 GIVEN_TOKENS = ('clip_sizes', 'frame_clip')
+# The official loader's merging rounds: 128 frames -> 80 -> 52 -> 32 clips.
+OFFICIAL_MERGE = (80, 52, 32)
 
 
 def input_normalize(x: jax.Array) -> jax.Array:
@@ -52,8 +54,9 @@ class MSCPRVR(GMMFormerV2):
   """Attributes mirror `config.model` (see configs/msc_prvr.py); GMMFormer v2's plus:
 
   Attributes:
-    merge_targets: token counts of the neighbour-pair merging of the 128 frames; the last is
-      `num_clips`.
+    merge_targets: token counts of the rounds of neighbour-pair merging of the `max_frames`
+      frames, ending at `num_clips`; empty: the official 80, 52, 32 for 128 frames and 32
+      clips, otherwise rounds that halve the count (each round merges at most every pair).
     normalize_inputs: l2-normalise (eps 1e-5 added to the norm) the frames after merging and
       resampling, and the query tokens, here: the official loader's order, for data read
       without normalisation (`data.normalize=False`), where the tokens merge the raw frames
@@ -62,15 +65,31 @@ class MSCPRVR(GMMFormerV2):
   max_query_len: int = 77
   clip_score_weight: float = 0.4
   frame_score_weight: float = 0.6
-  merge_targets: tuple[int, ...] = (80, 52, 32)
+  merge_targets: tuple[int, ...] = ()
   normalize_inputs: bool = False
 
   def setup(self):
     super().setup()
-    if self.merge_targets[-1] != self.num_clips:
-      raise ValueError(f'config.model.merge_targets={self.merge_targets} must end at '
-                       f'num_clips={self.num_clips}')
     self.vproj_clip = dense(self.hidden_dim, 'vproj_clip')
+
+  def merge_cascade(self) -> tuple[int, ...]:
+    """The token counts of the merging rounds (`merge_targets`, or its default)."""
+    targets = tuple(self.merge_targets)
+    if not targets:
+      if (self.max_frames, self.num_clips) == (128, 32):
+        targets = OFFICIAL_MERGE
+      else:
+        count = self.max_frames
+        while count > self.num_clips:
+          count = max(self.num_clips, -(-count // 2))
+          targets += (count,)
+    counts = (self.max_frames,) + targets
+    if counts[-1] != self.num_clips or any(
+        n % 2 or not n // 2 <= m < n for n, m in zip(counts, counts[1:])):
+      raise ValueError(f'config.model.merge_targets={targets}: each round merges an even count '
+                       f'of tokens into at least half of them, from max_frames={self.max_frames}'
+                       f' to num_clips={self.num_clips}')
+    return targets
 
   def clip_tokens(self, videos: Batch) -> dict[str, jax.Array]:
     """The clip branch's input tokens `clip_inputs [B, 32, Dv]`, their `clip_sizes [B, 32]`,
@@ -86,7 +105,8 @@ class MSCPRVR(GMMFormerV2):
       return {'clip_inputs': videos['clip_feats'], 'clip_sizes': videos['clip_sizes'],
               'frame_clip': frame_clip, 'frames': frame_feats, 'frame_mask': frame_mask}
     frames = jax.vmap(resample_frames)(frame_feats, frame_mask)
-    tokens, sizes, labels = jax.vmap(lambda f: merge_frames(f, self.merge_targets))(frames)
+    cascade = self.merge_cascade()
+    tokens, sizes, labels = jax.vmap(lambda f: merge_frames(f, cascade))(frames)
     if self.normalize_inputs:
       frames = input_normalize(frames)
     return {'clip_inputs': input_normalize(tokens), 'clip_sizes': sizes, 'frame_clip': labels,
