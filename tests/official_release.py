@@ -14,7 +14,12 @@ import numpy as np
 LAYOUTS = {
     'token': ('multi', 20260, 'i3d_multi', 'roberta'),  # GMMFormer v1 / v2, MS-SL
     'clip': ('multiclip', 20268, None, 'clip'),          # AMDNet (sentence vectors)
+    'long': ('multilong', 20270, 'i3d_multi', 'roberta'),  # MSC-PRVR (every video >= 128 frames)
 }
+# Fewest frames of a video, by layout (default 8). MSC-PRVR merges a video's frames resampled
+# to 128 by the pairs of largest dot product: a shorter video repeats frames, whose tied pairs
+# the official code orders by torch's unstable sort.
+MIN_FRAMES = {'long': 128}
 VISUAL_DIM, QUERY_DIM = 48, 40
 NUM_VIDEOS = 64
 # Videos 0-5 train, 6-9 val, 10-63 test (54 videos, 1-2 captions each; no split overlap).
@@ -33,7 +38,8 @@ def make_release(layout: str) -> dict:
 
   Tokens 3..40 per caption (truncation at 30 triggers); caption lines shuffled, so videos
   interleave. Test videos in first-appearance positions 0-19 / 20-39 / 40-53 (the official
-  evaluation batches of `OFFICIAL_VIDEO_BATCH`) get 8..200 / 8..110 / 8..70 frames, so the
+  evaluation batches of `OFFICIAL_VIDEO_BATCH`) get 8..200 / 8..110 / 8..70 frames (layout
+  'long': every video 128..200 / 128 / 128, `MIN_FRAMES`), so the
   batches' longest videos differ (128 after uniform sampling, then about 110 and 70: GMMFormer
   v1's frame windows follow them); clip averaging to 32 and sampling to 128 both trigger.
   Features are float32 normal with per-column scales 0.1..5 (clip layout: plus a per-video
@@ -59,7 +65,9 @@ def make_release(layout: str) -> dict:
     video_id = f'{collection}_v{k:03d}'
     position = test_order.index(video_id) if video_id in test_order else 0
     longest = FRAME_BOUNDS[position // OFFICIAL_VIDEO_BATCH]
-    frames = rng.standard_normal((int(rng.integers(8, longest + 1)), VISUAL_DIM))
+    shortest = MIN_FRAMES.get(layout, 8)
+    frames = rng.standard_normal((int(rng.integers(shortest, max(longest, shortest) + 1)),
+                                  VISUAL_DIM))
     frames = frames.astype(np.float32) * scales
     if text_feature == 'clip':
       frames += rng.standard_normal(VISUAL_DIM).astype(np.float32)

@@ -391,16 +391,17 @@ def assert_png(path, name: str) -> None:
 
 def check_official_checkpoint_through_cli(model: str, variant: str, checkpoint: pathlib.Path,
                                           multibatch: pathlib.Path, overrides: list[str],
-                                          tmp_path: pathlib.Path, xla_cache: Any) -> None:
+                                          tmp_path: pathlib.Path, xla_cache: Any,
+                                          layout: str = 'token') -> None:
   """evaluate.py with `configs/<model>.py:<variant>` and `overrides` (the fixture's dims) on
-  the official `checkpoint` and the multi-batch release (`official_release`, layout 'token')
+  the official `checkpoint` and the multi-batch release (`official_release`, `layout`)
   gives the scores of the official evaluation loop stored in `multibatch` (`<variant>/scores`,
   within 1e-5 of their O(1) magnitude, as tests/eval/test_evaluate.py) and its recalls
   (`<variant>/metrics`: equal ranks give equal recalls; each test states the margin)."""
   import official_release  # pylint: disable=g-import-not-at-top
   require_tensorflow()
-  folder, digest = official_release.write(str(tmp_path / 'release'), 'token')
-  collection, _, visual_feature, _ = official_release.LAYOUTS['token']
+  folder, digest = official_release.write(str(tmp_path / 'release'), layout)
+  collection, _, visual_feature, _ = official_release.LAYOUTS[layout]
   official = np.load(multibatch)
   assert digest == str(official['release_digest']), f'{multibatch.name} release_digest'
   out = tmp_path / 'eval'

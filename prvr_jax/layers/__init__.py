@@ -15,6 +15,8 @@ from prvr_jax.layers.prototypes import SlotAttentionPrototypes
 from prvr_jax.layers.reconstruction import BroadcastDecoder, MaskedTokenDecoder
 from prvr_jax.layers.register_block import RegisterGaussianBlock
 from prvr_jax.layers.span_masks import SpanPredictor, span_masks
+from prvr_jax.layers.token_merge import merge_adjacent_pairs, merge_bipartite, merge_frames
+from prvr_jax.layers.token_merge import resample_frames
 from prvr_jax.layers.windows import WINDOW_KINDS, constraint_window, stacked_windows
 
 __all__ = [
@@ -26,5 +28,6 @@ __all__ = [
     'PrototypeCrossAttention', 'QueryEncoder', 'RegisterDiffusion', 'RegisterGaussianBlock',
     'SequenceEncoder', 'SlotAttentionPrototypes', 'SpanPredictor', 'VideoBranch',
     'VideoLatentSampler', 'WINDOW_KINDS',
-    'constraint_window', 'exhaustive_clips', 'span_masks', 'stacked_windows',
+    'constraint_window', 'exhaustive_clips', 'merge_adjacent_pairs', 'merge_bipartite',
+    'merge_frames', 'resample_frames', 'span_masks', 'stacked_windows',
 ]

@@ -85,10 +85,13 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, queries: jax.Array, keys: jax.Array, key_mask: jax.Array | None = None,
                window: jax.Array | None = None, deterministic: bool = True,
-               return_probs: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+               return_probs: bool = False, key_bias: jax.Array | None = None
+               ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """queries `[B, Lq, D]`, keys (= values) `[B, Lk, D]`, key_mask `[B, Lk]` (1 = real key),
     window broadcastable to `[B, 1, Lq, Lk]` -> `[B, Lq, D]`, and with `return_probs` the
-    attention probabilities `[B, H, Lq, Lk]` (before dropout)."""
+    attention probabilities `[B, H, Lq, Lk]` (before dropout). `key_bias [B, Lk]` is added to
+    every query's logits after the mask (MSC-PRVR's log token sizes: proportional attention
+    over merged tokens)."""
     width = queries.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not a multiple of num_heads {self.num_heads}')
@@ -109,6 +112,8 @@ class MultiHeadAttention(nn.Module):
       logits = logits * window
     if key_mask is not None:
       logits = logits + (1.0 - key_mask[:, None, None, :]) * MASKED_LOGIT
+    if key_bias is not None:
+      logits = logits + key_bias[:, None, None, :]
     attention = jax.nn.softmax(logits, axis=-1)
     probs = nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
     if fold:  # sum_k p_k (x_k W_v + b_v) = (sum_k p_k x_k) W_v + (sum_k p_k) b_v
@@ -151,13 +156,14 @@ class AttentionBlockV2(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, context: jax.Array | None = None,
                key_mask: jax.Array | None = None, window: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    """x `[B, L, D]` (context `[B, Lk, D]`, default x) -> `[B, L, D]`."""
+               deterministic: bool = True, key_bias: jax.Array | None = None) -> jax.Array:
+    """x `[B, L, D]` (context `[B, Lk, D]`, default x) -> `[B, L, D]`; `key_bias [B, Lk]` as
+    `MultiHeadAttention`'s."""
     width = x.shape[-1]
     context = x if context is None else context
     drop = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = MultiHeadAttention(self.num_heads, self.dropout_rate, name='attention')(
-        x, context, key_mask, window, deterministic)
+        x, context, key_mask, window, deterministic, key_bias=key_bias)
     x = layer_norm('norm1')(branches.residual(x, drop(y)))
     y = dense(self.ffn_multiplier * width, 'ffn_in')(x)
     y = dense(width, 'ffn_out')(drop(nn.relu(y)))

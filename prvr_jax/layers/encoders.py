@@ -99,12 +99,13 @@ class VideoBranch(nn.Module):
   @nn.compact
   def __call__(self, feats: jax.Array, mask: jax.Array | None = None,
                window_length: jax.Array | None = None, query_token: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, key_bias: jax.Array | None = None) -> jax.Array:
+    """`key_bias [B, L]`: added to the branches' attention logits (`GMMBlock`)."""
     x = InputProjection(self.hidden_dim, self.input_dropout, name='input_proj')(
         feats, deterministic)
     x = PositionalEncoding(self.max_len, self.input_dropout, name='pos_embed')(x, deterministic)
     for i in range(self.num_blocks):
       x = GMMBlock(self.widths, self.num_heads, self.dropout, self.block, self.window,
                    self.aggregation, self.temperature, name=f'encoder_{i}')(
-                       x, mask, window_length, query_token, deterministic)
+                       x, mask, window_length, query_token, deterministic, key_bias)
     return x

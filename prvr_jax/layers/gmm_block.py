@@ -52,7 +52,7 @@ class GMMBlock(nn.Module):
   def __call__(self, x: jax.Array, key_mask: jax.Array | None = None,
                window_length: jax.Array | None = None,
                query_token: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, key_bias: jax.Array | None = None) -> jax.Array:
     """Args:
       x: `[B, L, D]`.
       key_mask: `[B, L]`, 1 for real positions (None: all real).
@@ -60,6 +60,8 @@ class GMMBlock(nn.Module):
       query_token: `[D]` learnable query of the `dynamic` / `temporal_consolidation`
         aggregations (`mean_consolidation` ignores it).
       deterministic: disables dropout.
+      key_bias: optional `[B, L]` added to the K branches' attention logits (v2 blocks only;
+        not to the aggregation's cross-attention): MSC-PRVR's log sizes of merged tokens.
     """
     if self.aggregation not in AGGREGATIONS:
       raise ValueError(f'Unknown aggregation {self.aggregation!r}; expected one of '
@@ -68,13 +70,17 @@ class GMMBlock(nn.Module):
     windows = stacked_windows(self.window, self.widths, length, window_length)
     if window_length is not None:
       windows = windows[:, :, None]  # [K, B, 1, L, L]: broadcast over heads.
+    if key_bias is not None and self.block != 'v2':
+      raise ValueError(f'key_bias needs v2 blocks; this GMM block has {self.block!r} '
+                       '(config.model.block)')
+    biased = () if key_bias is None else (key_bias,)
     branch_blocks = nn.vmap(
-        BLOCKS[self.block], in_axes=(None, None, None, 0, None), out_axes=0,
-        variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+        BLOCKS[self.block], in_axes=(None, None, None, 0, None) + (None,) * len(biased),
+        out_axes=0, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
         axis_size=num_branches)(
             num_heads=self.num_heads, dropout_rate=self.dropout_rate, name=BRANCHES)
     with branches.shared_input():
-      outputs = branch_blocks(x, None, key_mask, windows, deterministic)  # [K, B, L, D]
+      outputs = branch_blocks(x, None, key_mask, windows, deterministic, *biased)  # [K, B, L, D]
 
     if self.aggregation in ('average', 'weighted'):
       if self.aggregation == 'average':

@@ -10,12 +10,12 @@ from typing import Any
 import flax.linen as nn
 
 from prvr_jax.models import amdnet, clip_zero_shot, dreamprvr, gmmformer, gmmformer_v2
-from prvr_jax.models import hlformer, holmes, ms_sl, protoprvr, ral, tmass
+from prvr_jax.models import hlformer, holmes, ms_sl, msc_prvr, protoprvr, ral, tmass
 from prvr_jax.models.spec import ModelSpec
 
 _BUILTIN = (gmmformer.SPEC, gmmformer_v2.SPEC, ms_sl.SPEC, amdnet.SPEC, protoprvr.SPEC,
             tmass.SPEC, ral.SPEC, hlformer.SPEC, holmes.SPEC, dreamprvr.SPEC,
-            clip_zero_shot.SPEC)
+            msc_prvr.SPEC, clip_zero_shot.SPEC)
 _REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in _BUILTIN}
 
 
