@@ -20,10 +20,13 @@ CLIP_ONLY_MODELS = {'clip_zero_shot'}
 CLIP_MODELS = sorted(set(models.names()) - TEXT_VIDEO_MODELS - CLIP_ONLY_MODELS)
 # How each model reads the CLIP release (docs/data_release.md): (along the MS-SL release's
 # frame timeline, L2-normalised); the GMMFormer / MS-SL lineage otherwise.
-CLIP_READING = {'amdnet': (False, False), 'dreamprvr': (False, True), 'holmes': (False, True)}
+CLIP_READING = {'amdnet': (False, False), 'dreamprvr': (False, True), 'holmes': (False, True),
+                'msc_prvr': (False, False)}
 # What a `*_clip` variant may change of its dataset's variant besides the data and the input
-# dims: ProtoPRVR takes Table 8's CLIP setting (K = 1, lambda_ortho = 0.01).
-CLIP_RECIPE_CHANGES = {'protoprvr': {'model.prototype_iterations', 'loss.ortho'}}
+# dims: ProtoPRVR takes Table 8's CLIP setting (K = 1, lambda_ortho = 0.01); MSC-PRVR
+# normalises the raw rows after merging them, as its official loader does.
+CLIP_RECIPE_CHANGES = {'protoprvr': {'model.prototype_iterations', 'loss.ortho'},
+                       'msc_prvr': {'model.normalize_inputs'}}
 
 
 def _variants(name):
