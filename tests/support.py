@@ -342,6 +342,52 @@ def load_official_model_fixture(path: pathlib.Path, name: str, config_model: dic
   return data, state, spec, spec.build(ml_collections.ConfigDict(config_model)), params
 
 
+FIXTURE_VIDEO_KEYS = ('clip_feats', 'frame_feats', 'frame_mask')
+FIXTURE_QUERY_KEYS = ('query_feats', 'query_mask')
+
+
+def official_fixture_batch(data: Any, prefix: str = '',
+                           keys: tuple[str, ...] = FIXTURE_VIDEO_KEYS + FIXTURE_QUERY_KEYS
+                           ) -> dict[str, Any]:
+  """The model's training batch from a parity fixture's arrays `<prefix><key>` (`keys`), its
+  `query_video`, every video and query valid, video seeds 0..B-1."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  batch = {k: jnp.asarray(data[prefix + k]) for k in keys}
+  batch['query_video'] = jnp.asarray(data['query_video'])
+  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
+  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
+  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
+  return batch
+
+
+def check_encodings_and_scores(module: Any, params: Any, batch: dict[str, Any], data: Any,
+                               rtol: float,
+                               video_keys: tuple[str, ...] = FIXTURE_VIDEO_KEYS,
+                               query_keys: tuple[str, ...] = FIXTURE_QUERY_KEYS) -> tuple:
+  """Checks a two-branch model's evaluation encodings (`enc_clips`, `enc_frames`,
+  `enc_queries`) and scores against a parity fixture's, within `rtol` of each array's
+  magnitude, and that every query ranks the videos in the official order. Returns (videos,
+  queries, scores)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  @jax.jit
+  def run(params):
+    variables = {'params': params}
+    videos = module.apply(variables, {k: batch[k] for k in video_keys}, method='encode_videos')
+    queries = module.apply(variables, {k: batch[k] for k in query_keys},
+                           method='encode_queries')
+    return videos, queries, module.apply(variables, queries, videos, method='score')
+
+  videos, queries, scores = run(params)
+  assert_close(videos['clips'], data['enc_clips'], rtol, err_msg='clips')
+  assert_close(videos['frames'], data['enc_frames'], rtol, err_msg='frames')
+  assert_close(queries, data['enc_queries'], rtol, err_msg='queries')
+  assert_close(scores, data['scores'], rtol, err_msg='scores')
+  np.testing.assert_array_equal(np.argsort(-np.asarray(scores), axis=1),
+                                np.argsort(-data['scores'], axis=1))
+  return videos, queries, scores
+
+
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
                           official_lr: float) -> dict[str, np.ndarray]:
   """The torch-named parameters after two updates of the training optimiser

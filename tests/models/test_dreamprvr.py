@@ -54,13 +54,8 @@ def fixture():
 def _batch(data, prefix=''):
   """The model's training batch from the fixture arrays `<prefix><key>`, with the official
   perturbation draws."""
-  batch = {k: jnp.asarray(data[prefix + k])
-           for k in (*VIDEO_KEYS, *QUERY_KEYS, 'perturbation_noise')}
-  batch['query_video'] = jnp.asarray(data['query_video'])
-  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
-  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
-  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
-  return batch
+  return support.official_fixture_batch(
+      data, prefix, (*VIDEO_KEYS, *QUERY_KEYS, 'perturbation_noise'))
 
 
 def test_config_inference_and_name_map_read_the_official_state_dict(fixture):

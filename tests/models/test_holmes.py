@@ -40,8 +40,6 @@ LOSS = ml_collections.ConfigDict(dict(
 TERMS = ('clip_nce', 'clip_triplet', 'frame_nce', 'frame_triplet', 'qdl', 'intra_edl',
          'edl_frame', 'edl_clip', 'edl_combined')
 PHASES = {'warmup': 0, 'calibrated': 1}
-VIDEO_KEYS = ('clip_feats', 'frame_feats', 'frame_mask')
-QUERY_KEYS = ('query_feats', 'query_mask')
 # Depth of the chain the encodings pass through (projection, positional encoding, the
 # branches' attention and FFN, the mixing cross-attention, pooling), for the float32
 # tolerance.
@@ -51,7 +49,7 @@ DEPTH = 20
 @pytest.fixture(scope='module')
 def fixture():
   loaded = support.load_official_model_fixture(FIXTURE, 'holmes', CONFIG)
-  return (*loaded, _batch(loaded[0]))
+  return (*loaded, support.official_fixture_batch(loaded[0]))
 
 
 def test_config_inference_and_name_map_read_the_official_state_dict(fixture):
@@ -72,32 +70,8 @@ def test_config_inference_and_name_map_read_the_official_state_dict(fixture):
 def test_encodings_and_scores_equal_the_official(fixture):
   data, _, spec, module, params, batch = fixture
 
-  @jax.jit
-  def run(params):
-    variables = {'params': params}
-    videos = module.apply(variables, {k: batch[k] for k in VIDEO_KEYS}, method='encode_videos')
-    queries = module.apply(variables, {k: batch[k] for k in QUERY_KEYS},
-                           method='encode_queries')
-    return videos, queries, module.apply(variables, queries, videos, method='score')
-
-  videos, queries, scores = run(params)
-  rtol = support.f32_rtol(128, ops=DEPTH)
-  support.assert_close(videos['clips'], data['enc_clips'], rtol, err_msg='clips')
-  support.assert_close(videos['frames'], data['enc_frames'], rtol, err_msg='frames')
-  support.assert_close(queries, data['enc_queries'], rtol, err_msg='queries')
-  support.assert_close(scores, data['scores'], rtol, err_msg='scores')
-  np.testing.assert_array_equal(np.argsort(-np.asarray(scores), axis=1),
-                                np.argsort(-data['scores'], axis=1))
-
-
-def _batch(data, prefix=''):
-  """The model's training batch from the fixture arrays `<prefix><key>`."""
-  batch = {k: jnp.asarray(data[prefix + k]) for k in (*VIDEO_KEYS, *QUERY_KEYS)}
-  batch['query_video'] = jnp.asarray(data['query_video'])
-  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
-  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
-  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
-  return batch
+  videos, queries, scores = support.check_encodings_and_scores(
+      module, params, batch, data, support.f32_rtol(128, ops=DEPTH))
 
 
 @pytest.fixture(scope='module')
@@ -233,7 +207,8 @@ def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_f
   lr_sum = 0.0
   for k in range(meta['steps']):
     epoch = jnp.int32(k >= meta['warmup_steps'])  # LOSS.warmup_epoch = 1
-    (loss, _), grads = loss_grad_fn(params, _batch(traj, f'batch{k}/'), epoch)
+    (loss, _), grads = loss_grad_fn(
+        params, support.official_fixture_batch(traj, f'batch{k}/'), epoch)
     params, opt_state = update(params, opt_state, grads)
     lr = float(traj[f'step{k}/lr'])
     support.assert_close(schedule(k), lr, rtol=1e-6, err_msg=f'step {k} lr')

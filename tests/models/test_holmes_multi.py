@@ -47,16 +47,6 @@ DEPTH = 20  # as tests/models/test_holmes.py: the chain the encodings pass throu
 RTOL = support.f32_rtol(128, ops=DEPTH)
 
 
-def _batch(data, prefix=''):
-  """The model's training batch from the fixture arrays `<prefix><key>`."""
-  batch = {k: jnp.asarray(data[prefix + k]) for k in (*VIDEO_KEYS, *QUERY_KEYS)}
-  batch['query_video'] = jnp.asarray(data['query_video'])
-  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
-  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
-  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
-  return batch
-
-
 @pytest.fixture(scope='module')
 def fixture():
   return support.load_official_model_fixture(FIXTURES / 'model_multi.npz', 'holmes', CONFIG)
@@ -96,7 +86,7 @@ def test_forward_and_every_loss_term_equal_the_official(fixture):
   """One compile: the evaluation encodings and scores, the training forward, the DC term at
   weight 1 and the objective's terms at the traced epoch (0: warmup, 1: calibrated)."""
   data, _, spec, module, params = fixture
-  batch = _batch(data)
+  batch = support.official_fixture_batch(data)
   loss = _loss_fn(spec, module, grads=False)
   dc_loss = ml_collections.ConfigDict({**LOSS.to_dict(), 'dc': 1.0})
 
@@ -170,13 +160,14 @@ def test_official_checkpoint_evaluates_through_cli(tmp_path, xla_cache):
 # A second compile of the model, with its gradients: CI runs it (`-m end_to_end`).
 @pytest.mark.end_to_end
 def test_gradients_and_a_short_training_run_follow_the_official(fixture):
-  """The gradients of the calibrated total on the fixture's batch; then four updates of the training optimiser (BertAdam, the multi TVR values, t_total 150: lr
-  0, then 2e-4 in the warmup, then linear decay) with the objective's gradients on four fixed
-  batches, the warmup ending after two updates = the official multisrc training steps
+  """The gradients of the calibrated total on the fixture's batch; then four updates of the
+  training optimiser (BertAdam, the multi TVR values, t_total 150: lr 0, then 2e-4 in the
+  warmup, then linear decay) with the objective's gradients on four fixed batches, the warmup
+  ending after two updates = the official multisrc training steps
   (train_steps_multi.npz): every loss and every parameter after every update."""
   data, state, spec, module, params = fixture
   loss_grad_fn = jax.jit(_loss_fn(spec, module, grads=True))
-  _, grads = loss_grad_fn(params, _batch(data), jnp.int32(1))
+  _, grads = loss_grad_fn(params, support.official_fixture_batch(data), jnp.int32(1))
   theirs = convert.params_to_torch(jax.device_get(grads), 'holmes')
   prefix = 'calibrated/grad/'
   scale = max(float(np.abs(data[prefix + n]).max()) for n in theirs if prefix + n in data)
@@ -204,7 +195,8 @@ def test_gradients_and_a_short_training_run_follow_the_official(fixture):
   lr_sum = 0.0
   for k in range(meta['steps']):
     epoch = jnp.int32(k >= meta['warmup_steps'])  # LOSS.warmup_epoch = 1
-    (loss, _), grads = loss_grad_fn(params, _batch(traj, f'batch{k}/'), epoch)
+    (loss, _), grads = loss_grad_fn(
+        params, support.official_fixture_batch(traj, f'batch{k}/'), epoch)
     params, opt_state = update(params, opt_state, grads)
     lr = float(traj[f'step{k}/lr'])
     support.assert_close(schedule(k), lr, rtol=1e-6, err_msg=f'step {k} lr')

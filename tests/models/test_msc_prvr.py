@@ -46,13 +46,7 @@ DEPTH = 20
 @pytest.fixture(scope='module')
 def fixture():
   loaded = support.load_official_model_fixture(FIXTURE, 'msc_prvr', CONFIG)
-  data = loaded[0]
-  batch = {k: jnp.asarray(data[k]) for k in (*VIDEO_KEYS, *QUERY_KEYS)}
-  batch['query_video'] = jnp.asarray(data['query_video'])
-  batch['query_valid'] = jnp.ones(len(batch['query_video']), bool)
-  batch['video_valid'] = jnp.ones(len(batch['frame_feats']), bool)
-  batch['video_seed'] = jnp.arange(len(batch['frame_feats']), dtype=jnp.int32)
-  return (*loaded, batch)
+  return (*loaded, support.official_fixture_batch(loaded[0], keys=VIDEO_KEYS + QUERY_KEYS))
 
 
 def test_official_parameter_counts():
@@ -111,23 +105,9 @@ def test_clip_tokens_from_raw_frames_equal_the_official_loader(fixture):
 def test_encodings_and_scores_equal_the_official(fixture):
   data, _, _, module, params, batch = fixture
 
-  @jax.jit
-  def run(params):
-    variables = {'params': params}
-    videos = module.apply(variables, {k: batch[k] for k in VIDEO_KEYS}, method='encode_videos')
-    queries = module.apply(variables, {k: batch[k] for k in QUERY_KEYS},
-                           method='encode_queries')
-    return videos, queries, module.apply(variables, queries, videos, method='score')
-
-  videos, queries, scores = run(params)
+  videos, queries, scores = support.check_encodings_and_scores(
+      module, params, batch, data, support.f32_rtol(128, ops=DEPTH), video_keys=VIDEO_KEYS)
   assert set(videos) == {'clips', 'frames'}
-  rtol = support.f32_rtol(128, ops=DEPTH)
-  support.assert_close(videos['clips'], data['enc_clips'], rtol, err_msg='clips')
-  support.assert_close(videos['frames'], data['enc_frames'], rtol, err_msg='frames')
-  support.assert_close(queries, data['enc_queries'], rtol, err_msg='queries')
-  support.assert_close(scores, data['scores'], rtol, err_msg='scores')
-  np.testing.assert_array_equal(np.argsort(-np.asarray(scores), axis=1),
-                                np.argsort(-data['scores'], axis=1))
 
 
 @pytest.fixture(scope='module')
