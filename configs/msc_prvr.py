@@ -77,5 +77,40 @@ PER_DATASET.update(config_lib.clip_variants(PER_DATASET, frame_timeline=False, n
                                             extra={'model.normalize_inputs': True}))
 
 
+# The authors' own feature files (docs/data_release.md, "MSC-PRVR's HDF5 files"): variant ->
+# (the variant whose recipe and reading it takes, its `config.data` / dims). Rows as stored,
+# normalised by the model after the merging (as the `<dataset>_clip` variants); the official
+# code trains on `<coll>train` and reports `<coll>val` (the only caption files it reads).
+_MSC_FILES = {'data.visual_feature': '', 'data.frame_map': '', 'data.normalize': False,
+              'data.test_split': 'val', 'model.normalize_inputs': True}
+_L14 = {**_MSC_FILES, 'model.visual_dim': 768, 'model.query_dim': 768,
+        'data.text_feature': 'msc_clip_l14'}
+CLIP_L14 = {
+    'tvr_l14': ('tvr', {**_L14, 'data.collection': 'tvr'}),
+    'activitynet_l14': ('activitynet', {**_L14, 'data.collection': 'activitynet'}),
+    'charades_l14': ('charades', {**_L14, 'data.collection': 'charades'}),
+    # QVHighlights' SlowFast + CLIP frames (2816-d) and CLIP text tokens (512-d), collection
+    # 'qvhighlight' as the official folder names it.
+    'qvhighlights_msc': ('qvhighlights', {
+        **_MSC_FILES, 'model.visual_dim': 2816, 'model.query_dim': 512,
+        'data.text_feature': 'msc_slowfast_clip', 'data.collection': 'qvhighlight'}),
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  return config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET)
+  """`arg`: a variant of `config_lib.VARIANTS` this file offers, or of `CLIP_L14`."""
+  variant = (arg or '').strip().lower()
+  if variant not in CLIP_L14:
+    try:
+      return config_lib.build_config(arg, model=MODEL, loss=LOSS, per_dataset=PER_DATASET)
+    except ValueError as e:
+      if 'variant' not in str(e):
+        raise
+      raise ValueError(f'{str(e).rstrip(".")}; msc_prvr also offers '
+                       f'{", ".join(CLIP_L14)}') from None
+  recipe, setting = CLIP_L14[variant]
+  config = config_lib.build_config(recipe, model=MODEL, loss=LOSS, per_dataset=PER_DATASET)
+  config.variant = variant
+  config.data.name = variant
+  config_lib.apply_overrides(config, setting)
+  return config

@@ -335,8 +335,8 @@ class _Checker:
     self.rel = rel
     self.report.target = rel.layout.collection_dir
     opened = True
-    readers = [rel.clip_videos, rel.queries] if rel.is_clip else [rel.queries]
-    if not rel.is_clip:
+    readers = [rel.clip_videos, rel.queries] if rel.video_h5 else [rel.queries]
+    if not rel.video_h5:
       for name in ('bigfile', 'video2frames'):  # truncated feature.bin, bad id.txt, shape.txt, ...
         value = self._try(getattr, rel, name)
         setattr(self, name, None if value is _FAILED else value)
@@ -406,10 +406,10 @@ class _Checker:
     if split.query_dim is not None:
       report.dims.setdefault('query', split.query_dim)
     frames = self.expected.frames_per_video if self.expected is not None else None
-    if frames is not None and self.rel.is_clip:
+    if frames is not None and self.rel.video_h5:
       videos = self.rel.clip_videos
       for v in split.video_ids:
-        shape = videos.shape(v)
+        shape = videos.shape(self.rel.layout.video_key(v))
         if shape[0] != frames:
           report.problem(f'{videos.path}: video {short(v)} has {shape[0]} frame features, '
                          f'{self.expected.name} has {frames} per video')
@@ -417,7 +417,7 @@ class _Checker:
 
   def _check_dims(self) -> None:
     rel, report, model = self.rel, self.report, self.config.model
-    sources = {'visual': (rel.layout.clip_video_feature_path if rel.is_clip else
+    sources = {'visual': (rel.layout.clip_video_feature_path if rel.video_h5 else
                           os.path.join(rel.layout.feature_dir, 'shape.txt')),
                'query': rel.layout.query_feature_path}
     for kind, actual in report.dims.items():
@@ -456,8 +456,9 @@ class _Checker:
     """Stored ids no caption file uses (not an error: releases may hold more)."""
     rel, report = self.rel, self.report
     stored = [(rel.queries.path, 'caption', rel.queries.keys(), captions)]
-    if rel.is_clip:
-      stored.append((rel.clip_videos.path, 'video', rel.clip_videos.keys(), videos))
+    if rel.video_h5:
+      keys = {rel.layout.video_key(v) for v in videos}
+      stored.append((rel.clip_videos.path, 'video', rel.clip_videos.keys(), keys))
     else:
       stored.append((rel.layout.video2frames_path, 'video', self.video2frames.keys(), videos))
       used = {f for v in videos if v in self.video2frames for f in self.video2frames[v]}

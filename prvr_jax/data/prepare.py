@@ -174,7 +174,7 @@ def _write_shard(split: release_lib.ReleaseSplit, moments: dict, video_ids: Sequ
         data = serialize(record)
         example_bytes += len(data)
         writer.write(data)
-        if not split.release.is_clip:  # only this video's rows stay mapped
+        if not split.release.video_h5:  # only this video's rows stay mapped
           split.release.bigfile.drop_pages()
     info = _read_back(partial)
     os.replace(partial, path)

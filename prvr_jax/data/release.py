@@ -4,7 +4,9 @@ A collection folder `<root>/<collection>/` holds `TextData/` (`<collection><spli
 files of `<cap_id> <caption>` lines, the query features HDF5) and `FeatureData/` (a BigFile of
 frame rows and `video2frames.txt` in the token layouts 'roberta' and 'clip_text'; AMDNet's
 video HDF5 in the CLIP layout 'clip', optionally read along a BigFile's frame timeline
-(`frame_map`)); `Layout` has every path. The video id of a caption is
+(`frame_map`); MSC-PRVR's video and query-token HDF5 files in the layouts 'msc_clip_l14' and
+'msc_slowfast_clip', where ActivityNet's videos are keyed without their `v_`); `Layout` has
+every path. The video id of a caption is
 its cap_id up to the first '#'. Every problem raises `DataError` (or `FileNotFoundError`)
 naming the file and the id at fault; `skip_bad_items=True` skips bad videos / captions instead
 and records each one in `ReleaseSplit.skipped`.
@@ -28,7 +30,14 @@ from prvr_jax.files import listing, short
 
 _log = logging.getLogger(__name__)
 
-TEXT_FEATURES = ('roberta', 'clip', 'clip_text')
+# MSC-PRVR's own HDF5 files (`<collection>_clip_L14.h5`, and QVHighlights' SlowFast + CLIP
+# ones): (FeatureData video file, TextData query-token file) per layout; each file holds one
+# dataset per video id / cap_id, read like AMDNet's video HDF5 and the token layouts' queries.
+MSC_FEATURE_FILES = {
+    'msc_clip_l14': ('%s_clip_L14.h5', '%s_clip_L14.h5'),
+    'msc_slowfast_clip': ('%s_slowfast_clip.h5', '%s_slowfast_clip_text.h5'),
+}
+TEXT_FEATURES = ('roberta', 'clip', 'clip_text', *MSC_FEATURE_FILES)
 # Text features of the token layout: a BigFile of frames and a cap_id -> [n_tokens, Dq] HDF5.
 TOKEN_TEXT_FEATURES = ('roberta', 'clip_text')
 _QUERY_FEATURE_FILES = {
@@ -477,13 +486,34 @@ class Layout:
     return os.path.join(self.feature_dir, 'video2frames.txt')
 
   @property
+  def video_h5(self) -> bool:
+    """Whether videos are one HDF5 dataset each (AMDNet's CLIP and MSC-PRVR's layouts)."""
+    return self.text_feature == 'clip' or self.text_feature in MSC_FEATURE_FILES
+
+  @property
   def query_feature_path(self) -> str:
-    return os.path.join(self.text_dir, _QUERY_FEATURE_FILES[self.text_feature] % self.collection)
+    if self.text_feature in MSC_FEATURE_FILES:
+      name = MSC_FEATURE_FILES[self.text_feature][1] % self.collection
+    else:
+      name = _QUERY_FEATURE_FILES[self.text_feature] % self.collection
+    return os.path.join(self.text_dir, name)
 
   @property
   def clip_video_feature_path(self) -> str:
-    return os.path.join(self.collection_dir, 'FeatureData',
-                        f'new_clip_vit_32_{self.collection}_vid_features.hdf5')
+    """The video HDF5 of the CLIP layout, or of an MSC-PRVR layout."""
+    if self.text_feature in MSC_FEATURE_FILES:
+      name = MSC_FEATURE_FILES[self.text_feature][0] % self.collection
+    else:
+      name = f'new_clip_vit_32_{self.collection}_vid_features.hdf5'
+    return os.path.join(self.collection_dir, 'FeatureData', name)
+
+  def video_key(self, video_id: str) -> str:
+    """The HDF5 key of a video: its id, but in MSC-PRVR's ActivityNet files without the
+    caption ids' `v_` prefix (the official loader reads `video_id[2:]`)."""
+    if (self.text_feature in MSC_FEATURE_FILES and self.collection == 'activitynet'
+        and video_id.startswith('v_')):
+      return video_id[2:]
+    return video_id
 
   @property
   def frame_map_path(self) -> str:
@@ -500,6 +530,8 @@ class Layout:
 
   def feature_files(self) -> list[str]:
     """The feature files this layout reads (caption files aside)."""
+    if self.text_feature in MSC_FEATURE_FILES:
+      return [self.clip_video_feature_path, self.query_feature_path]
     if self.text_feature == 'clip':
       timeline = [self.frame_map_path] if self.frame_map else []
       return [self.clip_video_feature_path, *timeline, self.query_feature_path]
@@ -555,7 +587,7 @@ class Release:
   `root` holds `<collection>/` or is the collection folder (the collection is inferred when
   unambiguous); `visual_feature` names the BigFile folder (unused by 'clip'). `num_clips`,
   `max_frames`, `max_query_len` are the official preprocessing sizes; `normalize` defaults to
-  True for the token layouts and False for 'clip' (as AMDNet). `frame_map` (CLIP layout only)
+  True for the token layouts and MSC-PRVR's (as its loader), False for 'clip' (as AMDNet). `frame_map` (CLIP layout only)
   names a BigFile folder whose `video2frames.txt` gives each video's frame timeline: a video
   is then its CLIP rows read along that timeline (`preprocess.timeline_rows`) and pooled in
   float64, as prvr-ea reads the CLIP release for GMMFormer, GMMFormer v2, HLFormer and MS-SL;
@@ -583,7 +615,8 @@ class Release:
     self.num_clips = num_clips
     self.max_frames = max_frames
     self.max_query_len = max_query_len
-    self.normalize = (text_feature in TOKEN_TEXT_FEATURES) if normalize is None else normalize
+    self.normalize = ((text_feature in TOKEN_TEXT_FEATURES or text_feature in MSC_FEATURE_FILES)
+                      if normalize is None else normalize)
     self.expected_visual_dim = visual_dim
     self.expected_query_dim = query_dim
     self.skip_bad_items = skip_bad_items
@@ -605,7 +638,13 @@ class Release:
 
   @property
   def is_clip(self) -> bool:
+    """AMDNet's CLIP layout (one sentence vector per caption)."""
     return self.layout.text_feature == 'clip'
+
+  @property
+  def video_h5(self) -> bool:
+    """Videos in one HDF5 file, a dataset per video (`clip` and MSC-PRVR's layouts)."""
+    return self.layout.video_h5
 
   @property
   def frame_map(self) -> str | None:
@@ -717,8 +756,8 @@ class ReleaseSplit:
     """Raw number of frames (feature rows) of a video."""
     if self.release.frame_map:
       return len(self._timeline_indices(video_id))
-    if self.release.is_clip:
-      return self.release.clip_videos.shape(video_id)[0]
+    if self.release.video_h5:
+      return self.release.clip_videos.shape(self.release.layout.video_key(video_id))[0]
     return len(self._frame_ids(video_id))
 
   def _timeline_problem(self, video_id: str) -> str | None:
@@ -752,9 +791,10 @@ class ReleaseSplit:
   def raw_video_features(self, video_id: str) -> np.ndarray:
     """Unprocessed `[n_frames, Dv]` features of a video, in their stored dtype."""
     rel = self.release
-    if rel.is_clip:
-      x = rel.clip_videos.read(video_id)
-      source = rel.clip_videos.path
+    if rel.video_h5:
+      key = rel.layout.video_key(video_id)
+      x = rel.clip_videos.read(key)
+      source = rel.clip_videos.path + ('' if key == video_id else f' (key {short(key)})')
     else:
       frames = self._frame_ids(video_id)
       x = rel.bigfile.read(frames, f'video {short(video_id)} (in {rel.layout.video2frames_path})')
@@ -764,7 +804,7 @@ class ReleaseSplit:
     bad = ~np.isfinite(x).all(axis=1)
     if bad.any():
       row = int(np.argmax(bad))
-      where = f'frame {row}' if rel.is_clip else f'frame id {short(frames[row])}'
+      where = f'frame {row}' if rel.video_h5 else f'frame id {short(frames[row])}'
       raise DataError(f'video {short(video_id)}: NaN/Inf in {where} ({int(bad.sum())} bad frame(s)) in {source}')
     if rel.frame_map:
       indices = self._timeline_indices(video_id)
@@ -779,7 +819,7 @@ class ReleaseSplit:
     # BigFile rows, and prvr-ea's CLIP rows read along a frame timeline, reach the official
     # code as Python floats: it pools them in float64.
     x = self.raw_video_features(video_id)
-    x = x.astype(np.float32 if rel.is_clip and not rel.frame_map else np.float64)
+    x = x.astype(np.float32 if rel.video_h5 and not rel.frame_map else np.float64)
     clips = preprocess.average_to_fixed_length(x, rel.num_clips)
     frames = preprocess.uniform_feature_sampling(x, rel.max_frames)
     if rel.normalize:
@@ -806,10 +846,12 @@ class ReleaseSplit:
   def _check_video(self, video_id: str) -> str | None:
     """Cheap (metadata-only) check of a video; returns the problem or None."""
     rel = self.release
-    if rel.is_clip:
-      meta = rel.clip_videos.meta_or_none(video_id)
+    if rel.video_h5:
+      key = rel.layout.video_key(video_id)
+      meta = rel.clip_videos.meta_or_none(key)
       if meta is None:
-        return f'video {short(video_id)} is not in {rel.clip_videos.path}'
+        as_key = '' if key == video_id else f' (as key {short(key)})'
+        return f'video {short(video_id)}{as_key} is not in {rel.clip_videos.path}'
       shape, dtype = meta
       if dtype.kind != 'f':
         return _not_floats('video', video_id, dtype, rel.clip_videos.path)
@@ -883,18 +925,22 @@ class ReleaseSplit:
   def _check_config_dims(self) -> None:
     """Raises when the data's dims disagree with config.model.{visual,query}_dim."""
     rel = self.release
-    checks = [('config.model.query_dim', rel.expected_query_dim, rel.queries, self.caption_ids)]
-    if rel.is_clip:
-      checks.append(('config.model.visual_dim', rel.expected_visual_dim, rel.clip_videos, self.video_ids))
+    checks = [('config.model.query_dim', rel.expected_query_dim, rel.queries, self.caption_ids,
+               lambda c: c)]
+    if rel.video_h5:
+      checks.append(('config.model.visual_dim', rel.expected_visual_dim, rel.clip_videos,
+                     self.video_ids, rel.layout.video_key))
     else:
       _ = rel.bigfile  # checks config.model.visual_dim against shape.txt
-    for flag, expected, features, ids in checks:
+    for flag, expected, features, ids, key_of in checks:
       if expected is None:
         continue
-      shapes = (features.shape_or_none(i) for i in ids)
-      key, shape = next(((i, sh) for i, sh in zip(ids, shapes) if sh), (None, None))
+      shapes = (features.shape_or_none(key_of(i)) for i in ids)
+      item, shape = next(((i, sh) for i, sh in zip(ids, shapes) if sh), (None, None))
       if shape is not None and shape[-1] != expected:
-        raise _dim_error(flag, expected, shape[-1], f'{features.path} ({features.kind} {short(key)})')
+        as_key = '' if key_of(item) == item else f', key {short(key_of(item))}'
+        raise _dim_error(flag, expected, shape[-1],
+                         f'{features.path} ({features.kind} {short(item)}{as_key})')
 
   def _validate(self, values: bool = False) -> None:
     """Checks every video and caption (metadata only, or every value); raises or skips."""
