@@ -4,15 +4,22 @@ every loss term and the gradients of their sum on one training batch, the alignm
 every stage of its merge cascade, at tiny dims with fixed weights; the official name map and
 config inference on the fixture's state dict; the official parameter counts."""
 
+import json
+import pathlib
+import shutil
+
+import h5py
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
+import official_release
 import support
 from prvr_jax import convert
 from prvr_jax.data import preprocess
+from prvr_jax.data import release as release_lib
 from prvr_jax.losses import alignment
 from prvr_jax.models import registry
 from prvr_jax.models.msc_prvr import official as msc_official
@@ -200,3 +207,40 @@ def test_official_checkpoint_evaluates_through_cli(tmp_path, xla_cache):
       ['--config.model.visual_dim=48', '--config.model.query_dim=40',
        '--config.model.hidden_dim=16'],
       tmp_path, xla_cache, layout='long')
+
+
+def test_official_checkpoint_evaluates_on_the_authors_file_layout(tmp_path, xla_cache):
+  """The same release rewritten in the authors' own layout (`<coll>_clip_L14.h5` video and
+  query-token files, layout 'msc_clip_l14') and evaluated with `:tvr_l14` (the multi-batch
+  release's dims; the data layer normalising, as the `:tvr` run above) gives the official
+  evaluation loop's scores and recalls: the reader hands the model the same arrays. (The
+  `_l14` variants test on `val`, the official code's split; this release's is `test`.)"""
+  support.require_tensorflow()
+  folder, digest = official_release.write(str(tmp_path / 'release'), 'long')
+  collection, _, visual_feature, _ = official_release.LAYOUTS['long']
+  official = np.load(FIXTURES / 'multibatch_msc_prvr.npz')
+  assert digest == str(official['release_digest'])
+  msc = tmp_path / 'msc' / collection
+  (msc / 'FeatureData').mkdir(parents=True)
+  with release_lib.Release(folder, collection, visual_feature) as rel:
+    splits = [rel.split(s) for s in rel.splits]
+    with h5py.File(msc / 'FeatureData' / f'{collection}_clip_L14.h5', 'w') as f:
+      for split in splits:
+        for v in split.video_ids:
+          if v not in f:
+            f[v] = split.raw_video_features(v)
+    query_file = rel.layout.query_feature_path
+  shutil.copytree(pathlib.Path(folder) / 'TextData', msc / 'TextData')
+  shutil.copy(query_file, msc / 'TextData' / f'{collection}_clip_L14.h5')
+  out = tmp_path / 'eval'
+  support.run_cli(
+      'evaluate.py', '--config=configs/msc_prvr.py:tvr_l14', '--config.model.visual_dim=48',
+      '--config.model.query_dim=40', '--config.model.hidden_dim=16',
+      '--config.model.normalize_inputs=False', '--config.data.normalize=True',
+      f'--config.data.dir={msc.parent}', f'--config.data.collection={collection}',
+      '--config.data.test_split=test', f'--checkpoint={FIXTURES / "msc_prvr_best.ckpt"}', '--split=test',
+      f'--output_dir={out}', cache_dir=xla_cache)
+  support.assert_close(np.load(out / 'scores.npy'), official['tvr/scores'], rtol=1e-5)
+  metrics = json.loads((out / 'metrics.json').read_text())
+  support.assert_close([metrics[k] for k in ('r1', 'r5', 'r10', 'r100', 'sumr')],
+                       official['tvr/metrics'], rtol=1e-12)
