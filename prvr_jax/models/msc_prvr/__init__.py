@@ -6,7 +6,8 @@ correlation preservation (relational distillation from the CLIP text features) a
 cross-branch video alignment (`objective.py`, docs/msc_prvr.md). Parameters (the official
 model at each input width, counted with `named_parameters()` on the official code and by
 `jax.eval_shape` here): the official features, CLIP ViT-L/14 (768 / 768, TVR, ActivityNet,
-Charades-STA) 30,660,640 and QVHighlights (SlowFast + CLIP 2816, CLIP text 512) 32,142,880;
+Charades-STA: the `<dataset>_l14` variants) 30,660,640 and QVHighlights (SlowFast + CLIP 2816,
+CLIP text 512: `qvhighlights` and `qvhighlights_msc`) 32,142,880;
 the CLIP ViT-B/32 release (512 / 512, the `<dataset>_clip` variants) 30,364,192; the MS-SL
 release: TVR (3072 / 768) 32,439,328, ActivityNet and Charades-STA (1024 / 1024) 30,957,088.
 Stored per video: 32 clip and 128 frame vectors of width 384 (245,760 bytes in float32).
@@ -21,7 +22,9 @@ SPEC = two_branch.spec(
     'msc_prvr', MSCPRVR, objective, official,
     param_counts={'tvr': 32_439_328, 'activitynet': 30_957_088, 'charades': 30_957_088,
                   'qvhighlights': 32_142_880, 'tvr_clip': 30_364_192,
-                  'activitynet_clip': 30_364_192, 'charades_clip': 30_364_192},
+                  'activitynet_clip': 30_364_192, 'charades_clip': 30_364_192,
+                  'tvr_l14': 30_660_640, 'activitynet_l14': 30_660_640,
+                  'charades_l14': 30_660_640, 'qvhighlights_msc': 32_142_880},
     # Softmax is shift invariant: the key bias of unwindowed attention (query branch, the
     # temporal-consolidation cross-attention) and the TC output bias (one value per time
     # step, shared by the K branches the softmax runs over) get none.
