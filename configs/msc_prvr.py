@@ -12,16 +12,23 @@ CLIP 2816-d clips, CLIP text tokens: `prvr_jax.data.qvhighlights`), `tvr`, `acti
 `activitynet_clip`, `charades_clip` (the CLIP ViT-B/32 release of the `<dataset>_clip`
 variants, read as stored and normalised by the model, as the official loader does; they
 build where the config library lists those variants). The official code runs on CLIP
-features only: its own ViT-L/14 files (`<coll>_clip_L14.h5`, 768-d frames and text tokens)
-for TVR / ActivityNet / Charades (`--config.model.visual_dim=768 --config.model.query_dim=768`
-on such a release). Numbers of the paper (text-to-video R@1 / R@5 / R@10 / R@100 / SumR,
+features only, its own files (docs/data_release.md): `tvr_l14`, `activitynet_l14`,
+`charades_l14` read `<coll>_clip_L14.h5` (ViT-L/14, 768-d frames and text tokens) and
+`qvhighlights_msc` the QVHighlights `qvhighlight_slowfast_clip.h5` (2816) and
+`qvhighlight_slowfast_clip_text.h5` (512), each with its dataset's recipe and the official
+`val` as the test split. An official checkpoint on them:
+
+  python evaluate.py --config=configs/msc_prvr.py:tvr_l14 --config.data.dir=/data/msc \
+      --checkpoint=/path/to/tvr_model/best.ckpt --split=test --output_dir=/tmp/msc_tvr_eval
+ Numbers of the paper (text-to-video R@1 / R@5 / R@10 / R@100 / SumR,
 CLIP ViT-L/14 features; the official repository has no logs):
   TVR          not retrieved (arXiv 2510.27432, Table 1)
   QVHighlights not retrieved (the paper: up to +8 SumR over the previous best)
 The default variant ends with test SumR about 292 (R@1 39.8) on the synthetic benchmark
 (docs/synthetic.md; 905,248 parameters).
 Parameters (the official model, `named_parameters()`): 30,660,640 at 768 / 768 (TVR,
-ActivityNet, Charades), 32,142,880 at 2816 / 512 (QVHighlights); 30,364,192 at the 512 / 512
+ActivityNet, Charades: the `_l14` variants), 32,142,880 at 2816 / 512 (QVHighlights,
+`qvhighlights_msc`); 30,364,192 at the 512 / 512
 of the ViT-B/32 release.
 
 Official names: `loss_factor` [a, b, ...] is `loss.clip_nce`, `loss.frame_nce` (its third and
