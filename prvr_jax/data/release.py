@@ -587,11 +587,12 @@ class Release:
   `root` holds `<collection>/` or is the collection folder (the collection is inferred when
   unambiguous); `visual_feature` names the BigFile folder (unused by 'clip'). `num_clips`,
   `max_frames`, `max_query_len` are the official preprocessing sizes; `normalize` defaults to
-  True for the token layouts and MSC-PRVR's (as its loader), False for 'clip' (as AMDNet). `frame_map` (CLIP layout only)
-  names a BigFile folder whose `video2frames.txt` gives each video's frame timeline: a video
-  is then its CLIP rows read along that timeline (`preprocess.timeline_rows`) and pooled in
-  float64, as prvr-ea reads the CLIP release for GMMFormer, GMMFormer v2, HLFormer and MS-SL;
-  None reads the rows as stored, pooled in float32 (AMDNet, DreamPRVR, Holmes).
+  True for the token layouts and MSC-PRVR's (as its loader), False for 'clip' (as AMDNet).
+  `frame_map` (CLIP layout only) names a BigFile folder whose `video2frames.txt` gives each
+  video's frame timeline: a video is then its CLIP rows read along that timeline
+  (`preprocess.timeline_rows`) and pooled in float64, as prvr-ea reads the CLIP release for
+  GMMFormer, GMMFormer v2, HLFormer and MS-SL; None reads the rows as stored, pooled in
+  float32 (AMDNet, DreamPRVR, Holmes; MSC-PRVR's layouts always).
   `visual_dim` / `query_dim` (`config.model.*_dim`, None: from the data) raise naming the flag
   on a mismatch.
   `check_values` reads every feature of a split when it is opened (else non-finite values

@@ -238,7 +238,8 @@ def test_official_checkpoint_evaluates_on_the_authors_file_layout(tmp_path, xla_
       '--config.model.query_dim=40', '--config.model.hidden_dim=16',
       '--config.model.normalize_inputs=False', '--config.data.normalize=True',
       f'--config.data.dir={msc.parent}', f'--config.data.collection={collection}',
-      '--config.data.test_split=test', f'--checkpoint={FIXTURES / "msc_prvr_best.ckpt"}', '--split=test',
+      '--config.data.test_split=test', f'--checkpoint={FIXTURES / "msc_prvr_best.ckpt"}',
+      '--split=test',
       f'--output_dir={out}', cache_dir=xla_cache)
   support.assert_close(np.load(out / 'scores.npy'), official['tvr/scores'], rtol=1e-5)
   metrics = json.loads((out / 'metrics.json').read_text())
