@@ -1063,6 +1063,9 @@ class ReleaseWriter:
 
   def __init__(self, root: str, collection: str, visual_feature: str | None = 'i3d_resnet',
                text_feature: str = 'roberta'):
+    if text_feature in MSC_FEATURE_FILES:
+      raise ValueError(f'text_feature={text_feature!r}: MSC-PRVR\'s files are read as their '
+                       'authors publish them, not written here')
     self.collection_dir = os.path.join(os.fspath(root), collection)
     if os.path.lexists(self.collection_dir):
       raise FileExistsError(f'{self.collection_dir} exists; write the release into a new folder')

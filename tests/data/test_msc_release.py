@@ -136,6 +136,11 @@ def test_bad_files_name_the_file_and_the_id(anet):
     _open(root)
 
 
+def test_the_layouts_are_read_only(tmp_path):
+  with pytest.raises(ValueError, match="text_feature='msc_clip_l14'"):
+    release.ReleaseWriter(str(tmp_path), 'tvr', None, 'msc_clip_l14')
+
+
 def test_validator_checks_the_files(anet):
   """`prvr_jax.data.check` on an MSC-PRVR config: a good release passes, a missing video is
   named with its file."""
