@@ -1,7 +1,7 @@
 r"""Dense multi-ground-truth files: several verified positive videos per query (prvr-ea's layout).
 
-  files = dense_gt.locate(config, run_data_dir)        # (caption file, ground-truth file)
-  dense = dense_gt.read(*files)                         # read and checked, ids only
+  captions, truth = dense_gt.locate(config, run_data_dir)  # the two files
+  dense = dense_gt.read(captions, truth)                    # read and checked, ids only
   targets = dense_gt.align(dense, split.caption_ids, split.video_ids, 'test')  # by key
 
 Two files describe one evaluation split (docs/dense_eval.md):
