@@ -8,9 +8,10 @@ Two files describe one evaluation split (docs/dense_eval.md):
 
 * `<stem>.caption.txt`: a caption file (`<video_id>#<n> <caption>` per line, as a release's
   split caption files). Its videos are the candidates every dense query is ranked against.
-* `<stem>.gt.jsonl`: one JSON object per line, `{"query_id": "<caption id>",
-  "gt_video_ids": ["<video id>", ...]}` (prvr-ea also reads the list as `video_ids` or
-  `videos`; other keys, e.g. `caption`, are ignored). Its queries are the ones evaluated.
+* `<stem>.gt.jsonl`: one JSON object per line, the query's caption id under `query_id` and
+  the list of its positive video ids under `gt_video_ids` (prvr-ea also reads the list as
+  `video_ids` or `videos`; other keys, e.g. `caption`, are ignored). Its queries are the ones
+  evaluated.
 
 `read` refuses, naming the file, the line and the query: malformed JSON, a line that is not
 such an object, a query listed twice, a query without positives, a positive listed twice, a
