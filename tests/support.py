@@ -388,6 +388,48 @@ def check_encodings_and_scores(module: Any, params: Any, batch: dict[str, Any], 
   return videos, queries, scores
 
 
+def check_official_training_run(loss_grad_fn: Any, config: Any, state: dict, traj: Any,
+                                meta: Any, loss_rtol: float, warmup_steps: int | None = None,
+                                frozen: tuple[str, ...] = ()) -> None:
+  """Replays an official short training run (`traj`: per step `k` its batch `batch{k}/*`, lr
+  `step{k}/lr`, total loss `step{k}/loss/total` and parameters `step{k}/param/*`; `meta`:
+  `steps`, `t_total`) from the official weights `state` with our optimiser
+  (`optimizer_step(config, ...)`) and `loss_grad_fn(params, batch[, epoch])`, the epoch
+  switching to 1 after `warmup_steps` when given. Checks every lr and total loss, and every
+  parameter after every update within 5% of the summed lrs: each update moves an element by
+  lr times BertAdam's normalised step, and gradients agreeing to float32 rounding differ by a
+  small fraction of it. `frozen` parameters stay the official ones."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prvr_jax import convert  # pylint: disable=g-import-not-at-top
+  name = config.model.name
+  update, tx, schedule = optimizer_step(config, int(meta['t_total']))
+  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, name, config.model))
+  opt_state = tx.init(params)
+  lr_sum = 0.0
+  for k in range(int(meta['steps'])):
+    batch = official_fixture_batch(traj, f'batch{k}/')
+    if warmup_steps is None:
+      (loss, _), grads = loss_grad_fn(params, batch)
+    else:
+      (loss, _), grads = loss_grad_fn(params, batch, jnp.int32(k >= warmup_steps))
+    params, opt_state = update(params, opt_state, grads)
+    lr = float(traj[f'step{k}/lr'])
+    assert_close(schedule(k), lr, rtol=1e-6, err_msg=f'step {k} lr')
+    assert_close(loss, traj[f'step{k}/loss/total'], loss_rtol, err_msg=f'step {k} total')
+    lr_sum += lr
+    ours = convert.params_to_torch(jax.device_get(params), name)
+    prefix = f'step{k}/param/'
+    expected = ({n[len(prefix):]: traj[n] for n in traj.files if n.startswith(prefix)}
+                if k else state)  # lr 0: the official weights stay as they were
+    assert set(expected) == set(ours), f'step {k} parameter names'
+    for frozen_name in frozen:
+      np.testing.assert_array_equal(ours[frozen_name], state[frozen_name])
+    for param, theirs in expected.items():
+      np.testing.assert_allclose(ours[param], theirs, rtol=1e-6, atol=0.05 * lr_sum,
+                                 err_msg=f'step {k} {param}')
+
+
 def second_optimizer_step(config: Any, params: Any, grads: Any, t_total: int,
                           official_lr: float) -> dict[str, np.ndarray]:
   """The torch-named parameters after two updates of the training optimiser

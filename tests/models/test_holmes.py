@@ -201,30 +201,7 @@ def test_short_training_run_follows_the_official_trajectory(fixture, loss_grad_f
   config = support.load_config('holmes', 'tvr')
   config.model.update({k: v for k, v in CONFIG.items() if k != 'name'})
   assert (config.optim.lr, config.optim.weight_decay) == (official['lr'], official['wd'])
-  update, tx, schedule = support.optimizer_step(config, meta['t_total'])
-  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'holmes', CONFIG))
-  opt_state = tx.init(params)
-  lr_sum = 0.0
-  for k in range(meta['steps']):
-    epoch = jnp.int32(k >= meta['warmup_steps'])  # LOSS.warmup_epoch = 1
-    (loss, _), grads = loss_grad_fn(
-        params, support.official_fixture_batch(traj, f'batch{k}/'), epoch)
-    params, opt_state = update(params, opt_state, grads)
-    lr = float(traj[f'step{k}/lr'])
-    support.assert_close(schedule(k), lr, rtol=1e-6, err_msg=f'step {k} lr')
-    support.assert_close(loss, traj[f'step{k}/loss/total'], support.f32_rtol(128, ops=DEPTH),
-                         err_msg=f'step {k} total')
-    lr_sum += lr
-    ours = convert.params_to_torch(jax.device_get(params), 'holmes')
-    prefix = f'step{k}/param/'
-    expected = ({n[len(prefix):]: traj[n] for n in traj.files if n.startswith(prefix)}
-                if k else state)  # lr 0: the official weights stay as they were
-    assert set(expected) == set(ours), f'step {k} parameter names'
-    np.testing.assert_array_equal(ours['weight_token'], state['weight_token'])
-    for name, theirs in expected.items():
-      # Each update moves an element by lr times BertAdam's normalised step (|m| / sqrt(v)).
-      # The gradients agree to float32 rounding, so ours may differ by a small fraction of
-      # that: 5% of the summed lrs (as HLFormer's run), plus the float32 rounding of the
-      # stored values.
-      np.testing.assert_allclose(ours[name], theirs, rtol=1e-6, atol=0.05 * lr_sum,
-                                 err_msg=f'step {k} {name}')
+  # LOSS.warmup_epoch = 1: the calibrated labels from the third update on.
+  support.check_official_training_run(loss_grad_fn, config, state, traj, meta,
+                                      support.f32_rtol(128, ops=DEPTH),
+                                      warmup_steps=meta['warmup_steps'], frozen=('weight_token',))

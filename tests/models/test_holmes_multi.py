@@ -189,26 +189,6 @@ def test_gradients_and_a_short_training_run_follow_the_official(fixture):
   config.model.update({k: v for k, v in CONFIG.items() if k != 'name'})
   assert (config.optim.lr, config.optim.weight_decay, config.train.num_epochs) == (
       official['lr'], official['wd'], meta['t_total'])
-  update, tx, schedule = support.optimizer_step(config, meta['t_total'])
-  params = jax.tree.map(jnp.asarray, convert.torch_to_params(state, 'holmes', CONFIG))
-  opt_state = tx.init(params)
-  lr_sum = 0.0
-  for k in range(meta['steps']):
-    epoch = jnp.int32(k >= meta['warmup_steps'])  # LOSS.warmup_epoch = 1
-    (loss, _), grads = loss_grad_fn(
-        params, support.official_fixture_batch(traj, f'batch{k}/'), epoch)
-    params, opt_state = update(params, opt_state, grads)
-    lr = float(traj[f'step{k}/lr'])
-    support.assert_close(schedule(k), lr, rtol=1e-6, err_msg=f'step {k} lr')
-    support.assert_close(loss, traj[f'step{k}/loss/total'], RTOL, err_msg=f'step {k} total')
-    lr_sum += lr
-    ours = convert.params_to_torch(jax.device_get(params), 'holmes')
-    prefix = f'step{k}/param/'
-    expected = ({n[len(prefix):]: traj[n] for n in traj.files if n.startswith(prefix)}
-                if k else state)  # lr 0: the official weights stay as they were
-    assert set(expected) == set(ours), f'step {k} parameter names'
-    np.testing.assert_array_equal(ours['weight_token'], state['weight_token'])
-    for name, theirs in expected.items():
-      # As tests/models/test_holmes.py: 5% of the summed lrs plus float32 rounding.
-      np.testing.assert_allclose(ours[name], theirs, rtol=1e-6, atol=0.05 * lr_sum,
-                                 err_msg=f'step {k} {name}')
+  # As tests/models/test_holmes.py (LOSS.warmup_epoch = 1).
+  support.check_official_training_run(loss_grad_fn, config, state, traj, meta, RTOL,
+                                      warmup_steps=meta['warmup_steps'], frozen=('weight_token',))
