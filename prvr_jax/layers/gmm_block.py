@@ -74,13 +74,10 @@ class GMMBlock(nn.Module):
       raise ValueError(f'key_bias needs v2 blocks; this GMM block has {self.block!r} '
                        '(config.model.block)')
     biased = () if key_bias is None else (key_bias,)
-    branch_blocks = nn.vmap(
-        BLOCKS[self.block], in_axes=(None, None, None, 0, None) + (None,) * len(biased),
-        out_axes=0, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-        axis_size=num_branches)(
-            num_heads=self.num_heads, dropout_rate=self.dropout_rate, name=BRANCHES)
+    blocks = stacked_blocks(BLOCKS[self.block], num_branches, self.num_heads,
+                            self.dropout_rate, len(biased))
     with branches.shared_input():
-      outputs = branch_blocks(x, None, key_mask, windows, deterministic, *biased)  # [K, B, L, D]
+      outputs = blocks(x, None, key_mask, windows, deterministic, *biased)  # [K, B, L, D]
 
     if self.aggregation in ('average', 'weighted'):
       if self.aggregation == 'average':
@@ -107,6 +104,18 @@ class GMMBlock(nn.Module):
     # The learned mixtures are float32 sums of the branch outputs too (HIGHEST), as the
     # activations between layers are in every precision mode.
     return jnp.einsum('kbld,bk->bld', outputs, weights, precision=jax.lax.Precision.HIGHEST)
+
+
+def stacked_blocks(block: type[nn.Module], num_branches: int, num_heads: int,
+                   dropout_rate: float, extra_args: int = 0) -> nn.Module:
+  """`num_branches` copies of the attention `block` as one module (`BRANCHES`, parameters
+  stacked on a leading axis), called as `(x, context, key_mask, windows, deterministic,
+  *extra)`: the windows `[K, ...]` map over the branches, the other arguments are shared.
+  Create it inside a parent's compact method."""
+  return nn.vmap(
+      block, in_axes=(None, None, None, 0, None) + (None,) * extra_args, out_axes=0,
+      variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+      axis_size=num_branches)(num_heads=num_heads, dropout_rate=dropout_rate, name=BRANCHES)
 
 
 def mix_logits(tokens: jax.Array, features: int, dropout_rate: float, deterministic: bool

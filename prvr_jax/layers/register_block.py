@@ -22,7 +22,7 @@ import numpy as np
 from prvr_jax.kernels import branches
 from prvr_jax.layers.attention import AttentionBlockV2, dense
 from prvr_jax.layers.common import InputProjection
-from prvr_jax.layers.gmm_block import BRANCHES
+from prvr_jax.layers.gmm_block import BRANCHES, stacked_blocks
 from prvr_jax.layers.windows import stacked_windows
 
 
@@ -69,11 +69,7 @@ class RegisterGaussianBlock(nn.Module):
           [key_mask, jnp.ones(registers.shape[:2], key_mask.dtype)], axis=1)
     widths = register_widths(self.attention_num)
     windows = register_windows(widths, length, registers.shape[1])
-    euclidean = nn.vmap(
-        AttentionBlockV2, in_axes=(None, None, None, 0, None), out_axes=0,
-        variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-        axis_size=len(widths))(num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-                               name=BRANCHES)
+    euclidean = stacked_blocks(AttentionBlockV2, len(widths), self.num_heads, self.dropout_rate)
     with branches.shared_input():
       outputs = euclidean(x, context, context_mask, windows, deterministic)  # [n, B, L, D]
     num_branches = outputs.shape[0]

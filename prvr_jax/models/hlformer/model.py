@@ -22,7 +22,7 @@ from prvr_jax.kernels import branches
 from prvr_jax.layers import AttentionPooling, InputProjection, PositionalEncoding, QueryEncoder
 from prvr_jax.layers import lorentz
 from prvr_jax.layers.attention import AttentionBlockV2, dense
-from prvr_jax.layers.gmm_block import BRANCHES, consolidate
+from prvr_jax.layers.gmm_block import consolidate, stacked_blocks
 from prvr_jax.layers.windows import stacked_windows
 from prvr_jax.models.spec import Batch
 from prvr_jax.models.two_branch import FrameSet, TwoBranchModel
@@ -63,11 +63,7 @@ class HLFormerBlock(nn.Module):
                deterministic: bool = True) -> jax.Array:
     widths = branch_widths(self.attention_num)
     windows = stacked_windows('gaussian', widths, x.shape[1])
-    euclidean = nn.vmap(
-        AttentionBlockV2, in_axes=(None, None, None, 0, None), out_axes=0,
-        variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-        axis_size=len(widths))(num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-                               name=BRANCHES)
+    euclidean = stacked_blocks(AttentionBlockV2, len(widths), self.num_heads, self.dropout_rate)
     with branches.shared_input():
       outputs = [euclidean(x, None, key_mask, windows, deterministic)]  # [K, B, L, D]
     for i, w in enumerate(widths):
