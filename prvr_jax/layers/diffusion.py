@@ -25,6 +25,7 @@ The parameters map 1:1 to the official `DiffusionMLP` state dict by
 """
 
 from collections.abc import Mapping
+import contextlib
 import math
 
 import flax.linen as nn
@@ -318,9 +319,7 @@ class RegisterDiffusion(nn.Module):
     scan = nn.scan(body, variable_broadcast='params', split_rngs={'params': False,
                                                                   'dropout': True},
                    length=steps)
-    if not self.float32_reverse:
-      return scan(self, start, (timesteps, step_noise))[0]
-    with matmul_precision('float32'):
+    with matmul_precision('float32') if self.float32_reverse else contextlib.nullcontext():
       return scan(self, start, (timesteps, step_noise))[0]
 
 
