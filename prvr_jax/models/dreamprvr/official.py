@@ -68,11 +68,7 @@ def infer_config(state_dict: Mapping[str, np.ndarray]) -> dict[str, Any]:
   """`config.model` fields the shapes determine: input and hidden widths, positions, the clip
   count (the mixing layer's output width), K, the branches, T and the denoiser's depth."""
   dims = tn.infer_dims(state_dict, 'dreamprvr', {
-      'query_dim': ('query_input_proj.net.1.weight', 1),
-      'visual_dim': ('clip_input_proj.net.1.weight', 1),
-      'hidden_dim': ('query_input_proj.net.1.weight', 0),
-      'max_query_len': ('query_pos_embed.position_embeddings.weight', 0),
-      'max_frames': ('frame_pos_embed.position_embeddings.weight', 0),
+      **tn.LINEAGE_DIMS,
       'num_clips': ('clip_encoder.layer2.weight', 0),
       'num_registers': ('video_qformer.query_tokens', 1),
       'timesteps': ('diffusion_mlp.time_embedding.timembedding.0.weight', 0)})

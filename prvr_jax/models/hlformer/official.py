@@ -50,11 +50,7 @@ def infer_config(state_dict: Mapping[str, np.ndarray]) -> dict[str, Any]:
   """`config.model` fields the shapes determine: input and hidden widths, the Lorentz width,
   the number of branches and the clip count (the mixing layer's output width)."""
   dims = tn.infer_dims(state_dict, 'hlformer', {
-      'query_dim': ('query_input_proj.net.1.weight', 1),
-      'visual_dim': ('clip_input_proj.net.1.weight', 1),
-      'hidden_dim': ('query_input_proj.net.1.weight', 0),
-      'max_query_len': ('query_pos_embed.position_embeddings.weight', 0),
-      'max_frames': ('frame_pos_embed.position_embeddings.weight', 0),
+      **tn.LINEAGE_DIMS,
       'num_clips': ('clip_encoder.layer2.weight', 0),
       'lorentz_dim': ('clip_encoder.h_attns.0.self.input_proj.net.1.weight', 0)})
   pattern = re.compile(r'^clip_encoder\.h_attns\.(\d+)\.')
