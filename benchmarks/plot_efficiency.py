@@ -3,19 +3,20 @@ several is drawn from the last).
 
   python3 benchmarks/plot_efficiency.py --output=docs/efficiency.png \
       --results=benchmarks/results/retrieval_amd_epyc.json \
-      --results=benchmarks/results/retrieval_amd_epyc_ms_sl.json
+      --results=benchmarks/results/retrieval_amd_epyc_ms_sl.json \
+      --results=benchmarks/results/retrieval_amd_epyc_hlformer_ral.json \
+      --results=benchmarks/results/retrieval_amd_epyc_holmes_dreamprvr.json
 
 Left: ms per query against gallery size per model (log-log), our index search solid (less its
 query encoding, as the official path receives encoded queries), the official ranking path
-dashed. Right: test SumR on the synthetic benchmark against bytes
-stored per video at the synthetic config (the picture of a PRVR paper's Figure 1); bytes come
-from `spec.bytes_per_video` of each config's `synthetic` variant, SumR from our docs:
+dashed. Right: test SumR on the synthetic benchmark against bytes stored per video at the
+synthetic config (the picture of a PRVR paper's Figure 1); bytes come from
+`spec.bytes_per_video` of each config's `synthetic` variant, SumR from our docs:
 
-* docs/text_mass_plugin.md, "off" rows (3 seeds, mean +- std): MS-SL 298.5 +- 2.7,
-  GMMFormer v2 284.6 +- 4.8, GMMFormer 253.8 +- 2.7;
+* docs/results.md, its first table (3 seeds, mean +- std; one run where it says so): every PRVR
+  model but ProtoPRVR;
 * docs/protoprvr.md, Table 5 (3 seeds): 10 / 20 / 30 / 60 prototypes per branch, SumR
-  213.3 / 199.5 / 194.0 / 186.5 (30 is the config's default);
-* docs/synthetic.md, "Every model" (one run): AMDNet 250.8;
+  213.3 / 199.5 / 194.0 / 186.5 (30 is the config's default), one sweep drawn as a line;
 * docs/tmass.md, "Measured on the synthetic task" (3 seeds): T-MASS 256.9 +- 2.4 with M = 20
   samples -- a different task (the synthetic text-video retrieval set, 500 test videos, not
   the PRVR benchmark), drawn hollow.
@@ -43,19 +44,39 @@ _OUTPUT = flags.DEFINE_string('output', os.path.join(ROOT, 'docs', 'efficiency.p
                               'The PNG to write.')
 
 LABELS = {'ms_sl': 'MS-SL', 'gmmformer': 'GMMFormer', 'gmmformer_v2': 'GMMFormer v2',
-          'amdnet': 'AMDNet', 'protoprvr': 'ProtoPRVR', 'tmass': 'T-MASS'}
-COLOURS = dict(zip(LABELS, plt.get_cmap('tab10').colors))
-# model -> [(config overrides of the synthetic variant, test SumR mean, std or None)].
-SYNTHETIC_SUMR = {
-    'ms_sl': [({}, 298.5, 2.7)],
-    'gmmformer_v2': [({}, 284.6, 4.8)],
-    'gmmformer': [({}, 253.8, 2.7)],
-    'amdnet': [({}, 250.8, None)],
+          'amdnet': 'AMDNet', 'protoprvr': 'ProtoPRVR', 'tmass': 'T-MASS',
+          'hlformer': 'HLFormer', 'ral': 'RAL', 'holmes': 'Holmes', 'dreamprvr': 'DreamPRVR',
+          'msc_prvr': 'MSC-PRVR'}
+_PALETTE = plt.get_cmap('tab20').colors
+COLOURS = dict(zip(LABELS, _PALETTE[::2] + _PALETTE[1::2]))
+# model -> [(config overrides of the synthetic variant, test SumR mean, std or None)] of the
+# models docs/results.md does not list as its first table does.
+OTHER_SUMR = {
     'protoprvr': [({'num_prototypes': 10}, 213.3, 6.6), ({'num_prototypes': 20}, 199.5, 11.1),
                   ({}, 194.0, 6.9), ({'num_prototypes': 60}, 186.5, 10.7)],
     'tmass': [({}, 256.9, 2.4)],
 }
 OTHER_TASK = ('tmass',)
+
+
+def results_sumr(path: str = os.path.join(ROOT, 'docs', 'results.md')
+                 ) -> dict[str, list[tuple[dict[str, int], float, float | None]]]:
+  """model -> [({}, test SumR mean, std or None)] from the first table of docs/results.md
+  (rows `| <label> | <mean> ± <std> | ...` or `| <label> | <mean> (one run...) | ...`)."""
+  names = {label: name for name, label in LABELS.items()}
+  out = {}
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      cells = [c.strip() for c in line.strip().strip('|').split('|')]
+      if len(cells) < 2 or cells[0] not in names or names[cells[0]] in out:
+        continue
+      figure = cells[1].split('(')[0].split('±')
+      try:
+        mean = float(figure[0])
+      except ValueError:
+        continue
+      out[names[cells[0]]] = [({}, mean, float(figure[1]) if len(figure) > 1 else None)]
+  return out
 
 
 def synthetic_bytes(name: str, overrides: dict[str, int]) -> int:
@@ -99,7 +120,7 @@ def plot_speed(ax, report: dict) -> None:
 
 
 def plot_accuracy(ax) -> None:
-  for name, rows in SYNTHETIC_SUMR.items():
+  for name, rows in {**results_sumr(), **OTHER_SUMR}.items():
     xs = [synthetic_bytes(name, overrides) for overrides, _, _ in rows]
     ys = [mean for _, mean, _ in rows]
     errors = [std or 0.0 for _, _, std in rows]
