@@ -173,8 +173,6 @@ class PrvrServer(http.server.ThreadingHTTPServer):
     self.folders = folders
     self.limits = limits
     self._search_lock = threading.Lock()  # one search at a time: the model's device
-    self._info_lock = threading.Lock()
-    self._info: dict[str, dict[str, Any]] = {}
     self.loopback_only = host in _LOOPBACK_NAMES
 
   def server_bind(self):
@@ -190,28 +188,29 @@ class PrvrServer(http.server.ThreadingHTTPServer):
 
   def video_files(self, video_id: str) -> dict[str, Any]:
     """{'duration', 'thumbnail', 'video'} of one id: the real paths the server may serve (None:
-    none), cached; raises RequestError 404 for an id the searcher does not know."""
-    with self._info_lock:
-      if video_id in self._info:
-        return self._info[video_id]
+    none), resolved at every request (a link changed since is seen); raises RequestError 404
+    for an id the searcher does not know."""
     try:
       info = self.searcher.video_info(video_id)
     except (LookupError, ValueError) as e:
       raise RequestError(404, f'video id {video_id!r}: not in the index ({e})', 'video') from e
-    entry = {'duration': _finite(info.get('duration')),
-             'thumbnail': self.folders.thumbnail(info.get('thumbnail')),
-             'video': self.folders.video(info.get('source'))}
-    with self._info_lock:
-      self._info[video_id] = entry
-    return entry
+    return {'duration': _finite(info.get('duration')),
+            'thumbnail': self.folders.thumbnail(info.get('thumbnail')),
+            'video': self.folders.video(info.get('source'))}
 
   def search(self, query: str, k: int) -> dict[str, Any]:
     """The JSON answer of `GET /api/search`."""
     with self._search_lock:
-      hits, = self.searcher.search([query], k)
+      try:
+        hits, = self.searcher.search([query], k)
+      except ValueError as e:  # a text the searcher cannot encode
+        raise RequestError(400, f'q={query[:80]!r}: refused by the searcher ({e})', 'q') from e
     results = []
     for hit in hits:
-      files = self.video_files(hit.video)
+      try:
+        files = self.video_files(hit.video)
+      except RequestError:  # a hit without recorded files: listed, nothing to show
+        files = {'duration': None, 'thumbnail': None, 'video': None}
       quoted = urllib.parse.quote(hit.video, safe='')
       duration = _finite(hit.duration) if hit.duration is not None else files['duration']
       results.append({'rank': int(hit.rank), 'video': hit.video, 'score': _finite(hit.score),

@@ -43,6 +43,8 @@ class FakeSearcher:
 
   def search(self, texts, k=10):
     self.queries.append((list(texts), k))
+    if 'unencodable' in texts:
+      raise ValueError('text unencodable: no token')
     return [[dataclasses.replace(h) for h in self.hits_of.get(t, self.hits)[:k]] for t in texts]
 
   def video_info(self, video_id):
@@ -116,7 +118,7 @@ def site(tmp_path_factory):
           FakeHit('v_frames', 0.52, 2, (0.0, 1.5), None),
           FakeHit('v_outside', 0.25, 3, None, None),
           FakeHit('v_link', 0.125, 4, (1.0, 2.0), 4.0)]
-  hits_of = {}
+  hits_of = {'gone': [FakeHit('v_gone', 0.5, 1, (1.0, 2.0), None)]}  # no video_info
   if importlib.util.find_spec('av') is not None:  # a video the browser plays
     _write_video(videos / 'v_play.mp4', seconds=8)
     info['v_play'] = {'duration': 8.0, 'source': str(videos / 'v_play.mp4'), 'thumbnail': None}
@@ -174,6 +176,13 @@ def test_search_returns_the_searchers_hits(site):
   # The link out of the allowed folders: neither its video nor its thumbnail.
   assert default['results'][3]['video_url'] is None
   assert default['results'][3]['thumbnail_url'] is None
+  # A hit the searcher has no files for: listed, nothing to show.
+  assert _json(server, '/api/search?q=gone')[1]['results'] == [
+      {'rank': 1, 'video': 'v_gone', 'score': 0.5, 'span': [1.0, 2.0], 'duration': None,
+       'thumbnail_url': None, 'video_url': None}]
+  # A text the searcher refuses: 400 naming q, with the searcher's reason.
+  status, answer = _json(server, '/api/search?q=unencodable')
+  assert (status, answer['parameter']) == (400, 'q') and 'no token' in answer['error']
   assert _json(server, '/api/limits') == (
       200, {'max_query_chars': 50, 'default_k': 10, 'max_k': 20})
 
