@@ -199,7 +199,11 @@ class PrvrServer(http.server.ThreadingHTTPServer):
             'video': self.folders.video(info.get('source'))}
 
   def search(self, query: str, k: int) -> dict[str, Any]:
-    """The JSON answer of `GET /api/search`."""
+    """The JSON answer of `GET /api/search`; `k` at most the index's size where the searcher
+    has an `index` (`TextSearcher.index`), as a page asks for k without knowing it."""
+    index = getattr(self.searcher, 'index', None)
+    if index is not None:
+      k = min(k, len(index))
     with self._search_lock:
       try:
         hits, = self.searcher.search([query], k)

@@ -31,8 +31,10 @@ def define_flags() -> None:
   flags.DEFINE_string('host', '127.0.0.1', 'The address to bind (127.0.0.1: this machine '
                       'only).')
   flags.DEFINE_integer('port', 8000, 'The port (0: any free one; the URL is printed).')
-  flags.DEFINE_string('clip_weights', None, 'The CLIP weights of the text tower, where the '
-                      'index does not record them.')
+  flags.DEFINE_string('clip_weights', None, 'CLIP\'s weights for models reading CLIP sentence '
+                      'features (default: the index\'s config.model.clip_weights).')
+  flags.DEFINE_string('clip_vocab', None, 'CLIP\'s BPE vocabulary (default: the index data\'s, '
+                      'else PRVR_CLIP_VOCAB or open_clip\'s).')
   flags.DEFINE_bool('verify', False, 'Check every index file\'s full sha256 at start.')
   flags.DEFINE_integer('max_k', 100, 'The largest k a search may ask for.')
   flags.DEFINE_integer('default_k', 10, 'The k of a search that names none.')
@@ -56,8 +58,12 @@ def _main(argv: list[str]) -> None:
   runtime.start()
   # The searcher (and with it JAX and the model) only here: the library takes any searcher.
   from prvr_jax.index import text_search  # pylint: disable=g-import-not-at-top
-  searcher = text_search.TextSearcher(FLAGS.index, clip_weights=FLAGS.clip_weights,
-                                      verify=FLAGS.verify)
+  vocab = {'vocab': FLAGS.clip_vocab} if FLAGS.clip_vocab else {}
+  try:
+    searcher = text_search.TextSearcher(FLAGS.index, clip_weights=FLAGS.clip_weights,
+                                        verify=FLAGS.verify, **vocab)
+  except ValueError as e:  # a model text search cannot serve, a damaged index: named in e
+    raise app.UsageError(str(e)) from e
   try:
     server = serve.PrvrServer(searcher, folders, FLAGS.host, FLAGS.port, limits)
   except OSError as e:

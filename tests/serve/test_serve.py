@@ -437,40 +437,92 @@ def test_the_page_in_headless_chromium(site, tmp_path):
 # -- the real searcher -----------------------------------------------------------------------
 
 _HAS_TEXT_SEARCH = importlib.util.find_spec('prvr_jax.index.text_search') is not None
+REAL_QUERY = 'a cat'
+REAL_LENGTHS = {'target': 8, 'other': 6, 'third': 4}  # frame rows per video
+
+
+@pytest.fixture(scope='module')
+def real_index(tmp_path_factory):
+  """(index folder, vocabulary, collection folder, videos folder): three videos of random
+  CLIP rows as prvr-extract writes them ('target' holds the query's text vector at rows 2-3
+  of 8), indexed by zero-shot CLIP (max pooling) through a random tiny CLIP."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from prvr_jax import clip  # pylint: disable=g-import-not-at-top
+  from prvr_jax import index as index_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.data import release  # pylint: disable=g-import-not-at-top
+  from prvr_jax.index import text_search  # pylint: disable=g-import-not-at-top
+  folder = tmp_path_factory.mktemp('serve_real')
+  vocab = folder / 'vocab.txt.gz'  # byte tokens and one merge: ids the tiny CLIP embeds
+  vocab.write_bytes(gzip.compress(b'#version: 0.2\nc a\nca t</w>\n'))
+  config, params = text_search.clip_text_model('random:tiny')
+  tokens = clip.Tokenizer(str(vocab))([REAL_QUERY], config.context_length, truncate=True)
+  text = np.asarray(clip.CLIP(config).apply({'params': params}, tokens,
+                                            method='encode_text'))[0]
+  rng = np.random.default_rng(0)
+  rows = {v: rng.normal(size=(n, text.shape[0])).astype(np.float32)
+          for v, n in REAL_LENGTHS.items()}
+  rows['target'][2:4] = text
+  collection = release.write_release(str(folder / 'root'), 'mine', rows, {}, {},
+                                     visual_feature=None, text_feature='clip')
+  shutil.rmtree(os.path.join(collection, 'TextData'))  # prvr-extract writes no captions
+  videos = folder / 'videos'
+  videos.mkdir()
+  (videos / 'target.mp4').write_bytes(VIDEO_BYTES)
+  for name in REAL_LENGTHS:
+    _jpeg(pathlib.Path(collection) / 'thumbnails' / f'{name}.jpg', (200, 30, 30))
+  manifest = {'format': 'prvr_jax.extract/1', 'backbone': 'tiny',
+              'embed_dim': int(text.shape[0]), 'fps': 1.0, 'image_size': 32,
+              'weights': {'path': 'random:tiny', 'sha256': ''}, 'skipped': {},
+              'videos': {v: {'source': str(videos / f'{v}.mp4') if v == 'target'
+                             else str(folder / 'elsewhere' / f'{v}.mp4'),
+                             'kind': 'file', 'duration': 2.0 * n, 'frames': n, 'rows': n,
+                             'thumbnail': f'thumbnails/{v}.jpg'}
+                         for v, n in REAL_LENGTHS.items()}}
+  with open(os.path.join(collection, 'extract_manifest.json'), 'w', encoding='utf-8') as f:
+    json.dump(manifest, f)
+  model_config = support.load_config('clip_zero_shot', 'tvr_clip,max')
+  model_config.data.update(dir=str(folder / 'root'), collection='mine')
+  model_config.eval.video_batch_size = 4
+  dim = int(text.shape[0])
+  model_config.model.update(hidden_dim=dim, visual_dim=dim, query_dim=dim, max_frames=8,
+                            num_clips=4)
+  built = index_lib.build_from_checkpoint(model_config, None, 'all', str(folder / 'index'))
+  return built.path, str(vocab), collection, str(videos)
 
 
 @pytest.mark.skipif(not _HAS_TEXT_SEARCH, reason='prvr_jax.index.text_search (TextSearcher, '
                     'issue 56 "search by text") is not in this checkout yet')
-def test_the_real_text_searcher_through_the_api(tmp_path):
-  """The API answers what `TextSearcher.search` answers, with its files served or refused as
-  `video_info` places them."""
-  text_search = pytest.importorskip('prvr_jax.index.text_search')
-  index_dir = _real_index(tmp_path)
-  searcher = text_search.TextSearcher(index_dir)
-  server = serve.make_server(searcher, index_dir, port=0)
+def test_the_real_text_searcher_through_the_api(real_index):
+  """The API answers what `TextSearcher.search` answers (spans in seconds included), serves
+  the collection's thumbnails and the video under --videos, and no source elsewhere."""
+  from prvr_jax.index import text_search  # pylint: disable=g-import-not-at-top
+  index_dir, vocab, _, videos = real_index
+  searcher = text_search.TextSearcher(index_dir, 'random:tiny', vocab=vocab)
+  server = serve.make_server(searcher, index_dir, [videos], port=0)
   serve.start_in_thread(server)
   try:
-    expected, = searcher.search(['a red car'], 3)
-    status, answer = _json(server, '/api/search?q=a+red+car&k=3')
+    expected, = searcher.search([REAL_QUERY], 3)
+    # k above the index's 3 videos: all 3 (the page does not know the index's size).
+    status, answer = _json(server, '/api/search?q=' + urllib.parse.quote(REAL_QUERY) + '&k=10')
     assert status == 200, answer
+    assert answer['k'] == 3
     assert [(r['rank'], r['video']) for r in answer['results']] == [
         (h.rank, h.video) for h in expected]
+    best = answer['results'][0]
+    assert best['video'] == 'target'
+    assert best['span'] == pytest.approx([4.0, 8.0])  # rows 2-3 of 8, 2 s a row
+    assert best['duration'] == 16.0
     for result, hit in zip(answer['results'], expected):
       assert result['score'] == pytest.approx(hit.score, rel=1e-5, abs=1e-6)
-      assert result['span'] == (None if hit.span is None else pytest.approx(list(hit.span)))
-      if result['thumbnail_url']:
-        status, _, body = _request(server, 'GET', result['thumbnail_url'])
-        assert status == 200 and body[:2] == b'\xff\xd8'
+      assert result['thumbnail_url'] == '/thumb/' + hit.video
+      assert result['video_url'] == ('/video/target' if hit.video == 'target' else None)
+      status, _, body = _request(server, 'GET', result['thumbnail_url'])
+      assert status == 200 and body[:2] == b'\xff\xd8'
+    status, _, body = _request(server, 'GET', '/video/target', headers={'Range': 'bytes=5-9'})
+    assert (status, body) == (206, VIDEO_BYTES[5:10])
+    assert _request(server, 'GET', '/video/other')[0] == 404
+    assert _request(server, 'GET', '/thumb/not_indexed')[0] == 404
   finally:
     server.shutdown()
     server.server_close()
-
-
-def _real_index(tmp_path: pathlib.Path) -> str:
-  """A small text-searchable index (the search helper's test builder, where it offers one)."""
-  builder = getattr(importlib.import_module('prvr_jax.index.text_search'),
-                    'build_test_index', None)
-  if builder is None:
-    pytest.skip('prvr_jax.index.text_search offers no small index builder for tests '
-                '(build_test_index(out_dir) -> index folder)')
-  return builder(str(tmp_path / 'index'))

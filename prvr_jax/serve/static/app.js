@@ -15,6 +15,12 @@ function seconds(t) {
   return m ? `${m}:${s}` : `${(+t).toFixed(1)} s`;
 }
 
+function spanText(span) {
+  if (!span) return 'unknown';
+  if (span[1] < 60) return `${span[0].toFixed(1)}-${span[1].toFixed(1)} s`;
+  return `${seconds(span[0])} - ${seconds(span[1])}`;
+}
+
 function element(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -29,8 +35,7 @@ function setStatus(text, isError) {
 
 function timeline(result) {
   const bar = element('div', 'timeline');
-  bar.title = result.span ? `span ${seconds(result.span[0])} - ${seconds(result.span[1])}`
-                          : 'span unknown';
+  bar.title = `span ${spanText(result.span)}`;
   if (result.span && result.duration) {
     const [start, end] = result.span;
     const left = Math.max(0, Math.min(1, start / result.duration));
@@ -55,8 +60,7 @@ function row(result) {
   if (result.thumbnail_url) thumb.src = result.thumbnail_url;
   item.appendChild(thumb);
   item.appendChild(element('span', 'video-id', result.video));
-  const span = result.span ? `${seconds(result.span[0])} - ${seconds(result.span[1])}`
-                           : 'unknown';
+  const span = spanText(result.span);
   const score = result.score === null ? '?' : result.score.toFixed(4);
   item.appendChild(element('span', 'meta',
       `score ${score} · duration ${seconds(result.duration)} · span ${span}` +
