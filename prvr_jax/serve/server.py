@@ -20,6 +20,7 @@ naming the parameter at fault.
 
 from collections.abc import Iterable, Sequence
 import dataclasses
+import http
 import http.server
 import importlib.resources
 import json
@@ -257,6 +258,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   server_version = 'prvr-serve'
   sys_version = ''
   protocol_version = 'HTTP/1.1'
+  _started = False  # whether the current answer's status line went out
 
   def setup(self):
     self.timeout = self.server.limits.timeout_s
@@ -269,6 +271,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
   def _headers(self, status: int, content_type: str, length: int,
                extra: Sequence[tuple[str, str]] = ()) -> None:
+    self._started = True
     self.send_response(status)
     self.send_header('Content-Type', content_type)
     self.send_header('Content-Length', str(length))
@@ -301,7 +304,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     del explain
     self.close_connection = True
     try:
-      self._refuse(RequestError(code, message or 'bad request', 'request'))
+      phrase = message or http.HTTPStatus(code).phrase
+      self._refuse(RequestError(code, f'request: {phrase}', 'request'))
     except OSError:
       pass
 
@@ -323,7 +327,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       left = last - first + 1
       while left > 0:
         chunk = f.read(min(_CHUNK, left))
-        if not chunk:
+        if not chunk:  # the file shrank: the length sent is wrong, the connection ends
+          self.close_connection = True
           break
         self.wfile.write(chunk)
         left -= len(chunk)
@@ -421,14 +426,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self._send_file(path, content_type)
 
   def _handle(self) -> None:
+    self._started = False
     try:
       self._route()
-    except RequestError as e:
-      self._refuse(e)
     except (BrokenPipeError, ConnectionResetError):
       self.close_connection = True  # the browser dropped a video fetch: nothing to answer
     except Exception as e:  # pylint: disable=broad-except
-      self._refuse(RequestError(500, f'{type(e).__name__}: {e}', 'server'))
+      if self._started:  # mid-answer: a second status line would corrupt it
+        self.close_connection = True
+        return
+      if not isinstance(e, RequestError):
+        e = RequestError(500, f'{type(e).__name__}: {e}', 'server')
+      self._refuse(e)
 
   def do_GET(self):  # pylint: disable=invalid-name
     self._handle()
