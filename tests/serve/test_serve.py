@@ -51,6 +51,13 @@ class FakeSearcher:
     return dict(self.info[video_id])  # KeyError for an unknown id, as a real index
 
 
+def _can_write_h264() -> bool:
+  if importlib.util.find_spec('av') is None:
+    return False
+  import av  # pylint: disable=g-import-not-at-top
+  return 'libx264' in av.codecs_available
+
+
 def _write_video(path: pathlib.Path, seconds: int, fps: int = 10) -> None:
   """A small H.264 MP4 (PyAV), a key frame every half second, so that a player can seek."""
   import av  # pylint: disable=g-import-not-at-top
@@ -119,7 +126,7 @@ def site(tmp_path_factory):
           FakeHit('v_outside', 0.25, 3, None, None),
           FakeHit('v_link', 0.125, 4, (1.0, 2.0), 4.0)]
   hits_of = {'gone': [FakeHit('v_gone', 0.5, 1, (1.0, 2.0), None)]}  # no video_info
-  if importlib.util.find_spec('av') is not None:  # a video the browser plays
+  if _can_write_h264():  # a video the browser plays
     _write_video(videos / 'v_play.mp4', seconds=8)
     info['v_play'] = {'duration': 8.0, 'source': str(videos / 'v_play.mp4'), 'thumbnail': None}
     hits_of['play'] = [FakeHit('v_play', 0.5, 1, (3.0, 5.0), 8.0)]
@@ -422,7 +429,7 @@ def test_the_page_in_headless_chromium(site, tmp_path):
     assert _colour_pixels(shots['refused'], colour, box) == 0, colour
   # A video file: the player fetches it (Range requests) and seeks to the span's start.
   if 'v_play' not in searcher.info:
-    return  # no PyAV to write one (the `video` extra)
+    return  # no PyAV with libx264 to write one (the `video` extra)
   # Headless Chromium's virtual time does not wait for the media pipeline, which on a loaded
   # machine may not have seeked yet when the DOM is taken: up to 3 tries.
   for attempt in range(3):
