@@ -49,6 +49,7 @@ GROUPS = {
     'data': 'Data: releases, shards, pipelines (`prvr_jax.data`)',
     'index': 'Retrieval index (`prvr_jax.index`)',
     'clip': 'CLIP (`prvr_jax.clip`)',
+    'serve': 'The results page (`prvr_jax.serve`, `prvr-serve`)',
     'runtime': 'Start-up of the command-line programs (`prvr_jax.runtime`)',
     'tools': 'Command-line tools (`prvr_jax.tools`, the `prvr-*` commands)',
     'core': 'Checkpoints, configs, conversion, metrics, optimisers, parallelism (`prvr_jax`)',
