@@ -640,8 +640,8 @@ def _run(sources: Sequence[Source], skipped: dict[str, str], collection_dir: str
     source = video.source
     features = np.stack([video.slots[s] for s in video.row_slot]).astype(np.float32)
     meta = {'source': source.path, 'kind': source.kind, 'stat': _stat(source.path),
-            'duration': round(float(video.sampled.duration), 6), 'frames': int(video.sampled.frames),
-            'rows': int(features.shape[0]),
+            'duration': round(float(video.sampled.duration), 6),
+            'frames': int(video.sampled.frames), 'rows': int(features.shape[0]),
             'thumbnail': f'{THUMBNAILS}/{source.video_id}.jpg'}
     jpeg = thumbnail_jpeg(video.thumbnail)
     os.makedirs(os.path.join(collection_dir, THUMBNAILS), exist_ok=True)

@@ -20,7 +20,7 @@ from prvr_jax import clip  # pylint: disable=g-import-not-at-top,wrong-import-po
 from prvr_jax.data import extract  # pylint: disable=g-import-not-at-top,wrong-import-position
 from prvr_jax.data import frames  # pylint: disable=g-import-not-at-top,wrong-import-position
 from prvr_jax.data import release  # pylint: disable=g-import-not-at-top,wrong-import-position
-from prvr_jax.data import synthetic_videos  # pylint: disable=g-import-not-at-top,wrong-import-position
+from prvr_jax.data import synthetic_videos  # pylint: disable=wrong-import-position
 
 SECONDS, RATE = 3.0, 10.0  # the synthetic videos: 30 frames each
 
