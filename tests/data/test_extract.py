@@ -257,3 +257,32 @@ def test_command_line(run, tmp_path):
   assert proc.returncode != 0
   last = proc.stderr.strip().splitlines()[-1]
   assert '--clip_weights=' in last and 'absent.pt' in last, proc.stderr[-2000:]
+
+
+def test_rows_pick_the_frame_nearest_each_middle():
+  timed = [(t / 4, t) for t in range(10)]  # 4 frames per second: 0, 0.25, ..., 2.25 s
+  assert list(extract.pick_rows(iter(timed), 1.0, 10, 'v')) == [(0, 2), (1, 6), (2, 9)]
+  # Out-of-order times are dropped once their row is done; a row with no frame is skipped.
+  assert list(extract.pick_rows(iter([(0.0, 'a'), (2.4, 'b'), (1.0, 'c'), (2.6, 'd')]), 1.0,
+                                10, 'v')) == [(0, 'a'), (2, 'b')]
+  with pytest.raises(release.DataError, match=r'v: longer than 2 rows at --fps=1'):
+    list(extract.pick_rows(iter(timed), 1.0, 2, 'v'))
+
+
+def test_rows_without_a_frame_repeat_the_previous(run, weights, tmp_path):
+  # 3 images at --frames_fps=1 read at --fps=2: rows 0, 2, 4 have a frame, 1 and 3 repeat.
+  source = run['written'][3].path
+  folder = tmp_path / 'in' / 'slow'
+  folder.mkdir(parents=True)
+  for k in range(3):
+    shutil.copy(os.path.join(source, f'{k + 1:06d}.jpg'), folder / f'{k + 1:06d}.jpg')
+  result = extract.extract(str(tmp_path / 'in'), str(tmp_path / 'out'), 'slow', '', fps=2.0,
+                           frames_fps=1.0, progress=False, weights=weights)
+  video = result.manifest['videos']['slow']
+  assert video['rows'] == 5 and video['frames'] == 3 and video['duration'] == 3.0
+  with release.ClipVideoFeatures(os.path.join(result.collection_dir,
+                                              result.manifest['feature_file'])) as features:
+    rows = features.read('slow')
+  np.testing.assert_array_equal(rows[1], rows[0])
+  np.testing.assert_array_equal(rows[3], rows[2])
+  assert not np.array_equal(rows[2], rows[0])
