@@ -455,6 +455,7 @@ def _open_work(collection_dir: str, settings: Settings, restart: bool) -> str:
   """The work folder of a new, resumed or restarted run (refusing other settings, and a
   finished collection without `restart`)."""
   work = os.path.join(collection_dir, WORK)
+  _remove_temporaries(collection_dir)
   if restart:
     _remove_ours(collection_dir)
   elif not os.path.isdir(work) and os.path.isfile(os.path.join(collection_dir, MANIFEST)):
@@ -476,6 +477,25 @@ def _open_work(collection_dir: str, settings: Settings, restart: bool) -> str:
     os.makedirs(work, exist_ok=True)
     files.write_json(settings_path, dataclasses.asdict(settings))
   return work
+
+
+def _remove_temporaries(collection_dir: str) -> None:
+  """Removes the temporary files of writes an interrupted run left (`files.write_atomic`'s
+  `.<name>.<random>.tmp` beside a thumbnail, the HDF5 or the manifest): only names of files
+  this module writes."""
+  for folder, matches in (
+      (os.path.join(collection_dir, THUMBNAILS), lambda n: n.endswith('.jpg')),
+      (os.path.join(collection_dir, 'FeatureData'),
+       lambda n: n.startswith('new_clip_vit_32_') and n.endswith('_vid_features.hdf5')),
+      (collection_dir, lambda n: n == MANIFEST)):
+    if not os.path.isdir(folder):
+      continue
+    for name in os.listdir(folder):
+      path = os.path.join(folder, name)
+      if (name.startswith('.') and name.endswith('.tmp') and name.count('.') >= 3
+          and matches(name[1:name.rindex('.', 0, len(name) - len('.tmp'))])
+          and os.path.isfile(path) and not os.path.islink(path)):
+        os.remove(path)
 
 
 def _remove_ours(collection_dir: str) -> None:

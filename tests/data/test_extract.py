@@ -172,7 +172,10 @@ def test_resume_extracts_only_the_rest(run, weights, tmp_path):
   parts = collection_dir / extract.WORK / 'parts'
   assert sorted(p.name for p in parts.iterdir()) == sorted(f'{v}.npz' for v in done)
   assert not (collection_dir / extract.MANIFEST).exists()
-  (parts / '.video03.npz.half.tmp').write_bytes(b'half-written')  # a write cut short
+  (parts / '.video03.npz.half.tmp').write_bytes(b'half-written')  # writes cut short
+  (collection_dir / extract.THUMBNAILS / '.video03.jpg.k2x9.tmp').write_bytes(b'half')
+  (collection_dir / '.extract_manifest.json.k2x9.tmp').write_bytes(b'half')
+  (collection_dir / extract.THUMBNAILS / '.mine.txt.k2x9.tmp').write_bytes(b'not ours')
   # Other settings are refused, naming the flag; nothing is removed.
   with pytest.raises(extract.ExtractError) as error:
     extract.extract(str(listing), str(tmp_path / 'out'), 'mine', '', fps=2.0, frames_fps=RATE,
@@ -185,6 +188,7 @@ def test_resume_extracts_only_the_rest(run, weights, tmp_path):
   assert sorted(result.extracted + result.resumed) == sorted(result.manifest['videos'])
   assert not set(result.extracted) & set(done)
   assert not (collection_dir / extract.WORK).exists()
+  assert sorted(p.name for p in collection_dir.rglob('*.tmp')) == ['.mine.txt.k2x9.tmp']
   layout = release.Layout(str(collection_dir), 'mine', None, 'clip')
   with release.ClipVideoFeatures(layout.clip_video_feature_path) as resumed, \
        release.ClipVideoFeatures(os.path.join(first.collection_dir,
