@@ -32,6 +32,7 @@ from prvr_jax import torch_file
 from prvr_jax.clip import model as model_lib
 from prvr_jax.clip.model import CLIPConfig
 from prvr_jax.files import listing
+from prvr_jax.files import sha256_file
 
 Params = dict[str, Any]
 # The width of an attention head in every OpenAI CLIP ViT.
@@ -358,6 +359,37 @@ def from_huggingface(tensors: Mapping[str, np.ndarray], config: CLIPConfig | Non
 # ---------------------------------------------------------------------------------------------
 # Files.
 
+# OpenAI's released CLIP files by file name -> the SHA-256 OpenAI publishes for each (the
+# hex directory of its download URL, https://openaipublic.azureedge.net/clip/models/<sha256>/
+# <name>, as listed in openai/CLIP clip/clip.py).
+OPENAI_SHA256 = {
+    'RN50.pt': 'afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762',
+    'RN101.pt': '8fa8567bab74a42d41c5915025a8e4538c3bdbe8804a470a72f30b0d94fab599',
+    'RN50x4.pt': '7e526bd135e493cef0776de27d5f42653e6b4c8bf9e0f653bb11773263205fdd',
+    'RN50x16.pt': '52378b407f34354e150460fe41077663dd5b39c54cd0bfd2b27167a4a06ec9aa',
+    'RN50x64.pt': 'be1cfb55d75a9666199fb2206c106743da0f6468c9d327f3e0d0a543a9919d9c',
+    'ViT-B-32.pt': '40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af',
+    'ViT-B-16.pt': '5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f',
+    'ViT-L-14.pt': 'b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836',
+    'ViT-L-14-336px.pt': '3035c92b350959924f9f00213499208652fc7ea050643e8b385c2dac08641f02',
+}
+
+
+def verify_known_file(path: str) -> str | None:
+  """Checks a file named as one of OpenAI's released CLIP files (`OPENAI_SHA256`, e.g.
+  `ViT-B-32.pt`) against its published SHA-256 before it is read; raises `WeightsError`
+  naming the file, the expected and the actual hash on a mismatch (a corrupt or substituted
+  download). Returns the file's sha256 when it was checked, None for another name."""
+  expected = OPENAI_SHA256.get(os.path.basename(path))
+  if expected is None:
+    return None
+  actual = sha256_file(path)
+  if actual != expected:
+    raise WeightsError(f'{path}: not the file OpenAI published as {os.path.basename(path)}: its '
+                       f'sha256 is {actual}, expected {expected} (a corrupt or substituted '
+                       'download; download it again, or rename a file of other weights)')
+  return actual
+
 def _safetensors_entries(path: str, header: Mapping[str, Any], data_size: int
                          ) -> list[tuple[str, str, list[int], int, int]]:
   """(name, dtype name, shape, begin, end) of every tensor a safetensors header declares, each
@@ -460,10 +492,12 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
   must be finite (as official PRVR checkpoints must be): a NaN or inf is refused naming the
   file and the tensor, whichever reader read it. OpenAI's
   released TorchScript archives are refused (reading them means running their code): re-save
-  their state dict once with torch.
+  their state dict once with torch. A file named as one of OpenAI's releases
+  (`OPENAI_SHA256`) is first checked against its published SHA-256 (`verify_known_file`).
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path} does not exist (or is not a file)')
+  verify_known_file(path)
   suffix = os.path.splitext(path)[1].lower()
   if suffix == '.safetensors':
     tensors = read_safetensors(path)

@@ -13,6 +13,7 @@ and records each one in `ReleaseSplit.skipped`.
 """
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import json
@@ -20,6 +21,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
 import h5py
@@ -1012,6 +1014,37 @@ def write_caption_features(path: str, mapping: Mapping[str, np.ndarray]) -> None
       f.create_dataset(key, data=np.asarray(value, dtype=np.float32))
 
 
+def _add_clip_video(h5: h5py.File, video_id: str, frames: np.ndarray) -> None:
+  """One video's CLIP rows `[n_rows, Dv]` as a float32 dataset named by its id (the CLIP
+  layout's video HDF5, written by `ReleaseWriter` and `write_clip_videos`)."""
+  h5.create_dataset(video_id, data=np.asarray(frames, dtype=np.float32))
+
+
+def write_clip_videos(path: str, videos: Iterable[tuple[str, np.ndarray]]) -> int:
+  """The CLIP layout's video HDF5 at `path` from `(video_id, [n_rows, Dv])` pairs, one held
+  at a time: written to a new temporary file beside `path` and renamed over it (a reader sees
+  the old file or the complete new one). Returns the number of videos written."""
+  folder, name = os.path.split(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=folder)
+  os.close(fd)
+  count = 0
+  try:
+    with h5py.File(tmp, 'w') as h5:
+      for video_id, frames in videos:
+        if not video_id or '/' in video_id or np.ndim(frames) != 2:
+          raise ValueError(f'video {short(video_id)}: need a non-empty id without "/" and rows '
+                           f'[n_rows, D], got shape {np.shape(frames)} ({path})')
+        _add_clip_video(h5, video_id, frames)
+        count += 1
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+  return count
+
+
 class BigFileWriter:
   """Writes a BigFile folder (feature.bin float32, id.txt, shape.txt) row block by row block,
   holding only the ids in memory."""
@@ -1100,7 +1133,7 @@ class ReleaseWriter:
     """Frame features `[n_frames, Dv]` of `video_id`; in the token layouts under `frame_ids`
     (default `<video_id>_<k>`), appended to the video's earlier frames."""
     if self._clip:
-      self._videos.create_dataset(video_id, data=np.asarray(frames, dtype=np.float32))
+      _add_clip_video(self._videos, video_id, frames)
       return
     frame_ids = list(frame_ids or (f'{video_id}_{k}' for k in range(len(frames))))
     self._frames.add(frame_ids, frames)

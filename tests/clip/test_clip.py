@@ -7,6 +7,7 @@ computed; nothing here needs torch. Full-size models are only ever shaped (`jax.
 
 import functools
 import gzip
+import hashlib
 import importlib.util
 import json
 import re
@@ -412,7 +413,9 @@ def test_non_finite_clip_weights_are_refused_by_every_reader(tmp_path):
 
 
 def test_load_refuses_torchscript_and_unknown_files(tmp_path):
-  path = tmp_path / 'ViT-B-32.pt'
+  # (Not named ViT-B-32.pt: a file of that name is first checked against OpenAI's sha256,
+  # test_known_openai_files_are_verified_by_sha256.)
+  path = tmp_path / 'jit_model.pt'
   with zipfile.ZipFile(path, 'w') as archive:
     for name in ('data.pkl', 'constants.pkl', 'code/__torch__/model.py', 'version'):
       archive.writestr(f'ViT-B-32/{name}', b'')
@@ -423,6 +426,26 @@ def test_load_refuses_torchscript_and_unknown_files(tmp_path):
     weights.load(str(tmp_path / 'clip.npz'))
   with pytest.raises(FileNotFoundError, match='absent.pt'):
     weights.load(str(tmp_path / 'absent.pt'))
+
+
+def test_known_openai_files_are_verified_by_sha256(tmp_path):
+  # A file named as an OpenAI release is refused before it is read when its hash differs,
+  # naming the file, the published and the actual hash; other names are not checked.
+  fake = tmp_path / 'ViT-B-32.pt'
+  fake.write_bytes(b'not the released weights')
+  actual = hashlib.sha256(b'not the released weights').hexdigest()
+  expected = weights.OPENAI_SHA256['ViT-B-32.pt']
+  for call in (weights.verify_known_file, weights.load):
+    with pytest.raises(weights.WeightsError) as error:
+      call(str(fake))
+    last = str(error.value).splitlines()[-1]
+    assert str(fake) in last and expected in last and actual in last, last
+  other = tmp_path / 'my_clip.pt'
+  other.write_bytes(b'x')
+  assert weights.verify_known_file(str(other)) is None
+  # The published digests: 64 hex digits each, one per released file.
+  assert all(len(h) == 64 and int(h, 16) >= 0 for h in weights.OPENAI_SHA256.values())
+  assert len(set(weights.OPENAI_SHA256.values())) == len(weights.OPENAI_SHA256)
 
 
 # ----------------------------------------------------------------------------- tokenizer
