@@ -1,0 +1,213 @@
+"""Search by text with spans: a collection of one's own videos (AMDNet's CLIP layout, an
+extract manifest, no captions) indexed with `--split=all`, searched by text through a random
+tiny CLIP; each hit's span is the best position's time range, equal to the `relevance` curve's
+argmax; bad input is refused naming the model or the flag."""
+
+import gzip
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from prvr_jax import checkpoint as checkpoint_lib
+from prvr_jax import clip
+from prvr_jax import index as index_lib
+from prvr_jax.data import release
+from prvr_jax.index import IndexWriter
+from prvr_jax.index import text_search
+from prvr_jax.index.build import dequantized_rows
+from prvr_jax.models import registry
+import support
+
+DIM = 32  # the tiny CLIP's embedding width
+QUERY = 'a cat and a dog'
+# Video id -> frame rows; 'target' holds the query's CLIP text vector at rows 6-8 of 12.
+LENGTHS = {'target': 12, 'short': 5, 'long': 20, 'other': 12, 'plain': 9}
+DURATIONS = {'target': 24.0, 'short': 5.0, 'long': 40.0, 'other': 6.0, 'plain': 9.0}
+
+
+def _vocab(folder):
+  """A CLIP BPE vocabulary of 512 byte tokens and a few merges (ids fit the tiny CLIP)."""
+  merges = ['c a', 'ca t</w>', 'd o', 'do g</w>']
+  path = folder / 'vocab.txt.gz'
+  path.write_bytes(gzip.compress(('#version: 0.2\n' + '\n'.join(merges) + '\n').encode()))
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def collection(tmp_path_factory):
+  """(root, vocab, the query's text vector): a collection as prvr-extract writes it."""
+  folder = tmp_path_factory.mktemp('text_search')
+  vocab = _vocab(folder)
+  config, params = text_search.clip_text_model('random:tiny')
+  tokens = clip.Tokenizer(vocab)([QUERY], config.context_length, truncate=True)
+  text = np.asarray(clip.CLIP(config).apply({'params': params}, tokens,
+                                            method='encode_text'))[0]
+  rng = np.random.default_rng(0)
+  videos = {v: rng.normal(size=(n, DIM)).astype(np.float32) for v, n in LENGTHS.items()}
+  videos['target'][6:9] = text
+  root = folder / 'videos'
+  coll = release.write_release(str(root), 'mine', videos, {}, {}, visual_feature=None,
+                               text_feature='clip')
+  shutil.rmtree(os.path.join(coll, 'TextData'))  # prvr-extract writes no captions
+  manifest = {'format': 'prvr_jax.extract/1', 'backbone': 'tiny', 'embed_dim': DIM, 'fps': 1.0,
+              'image_size': 32, 'weights': {'path': 'random:tiny', 'sha256': ''},
+              'videos': {v: {'source': f'/videos/{v}.mp4', 'kind': 'file',
+                             'duration': DURATIONS[v], 'frames': n, 'rows': n,
+                             'thumbnail': f'thumbnails/{v}.jpg'} for v, n in LENGTHS.items()},
+              'skipped': {}}
+  with open(os.path.join(coll, 'extract_manifest.json'), 'w', encoding='utf-8') as f:
+    json.dump(manifest, f)
+  return root, vocab, text
+
+
+def _config(name, variant, root):
+  config = support.load_config(name, variant)
+  config.data.update(dir=str(root), collection='mine')
+  config.eval.video_batch_size = 4
+  return config
+
+
+@pytest.fixture(scope='module')
+def zero_shot_index(collection, tmp_path_factory):
+  root, _, _ = collection
+  config = _config('clip_zero_shot', 'tvr_clip,max', root)
+  config.model.update(hidden_dim=DIM, visual_dim=DIM, query_dim=DIM, max_frames=16,
+                      num_clips=4)
+  out = tmp_path_factory.mktemp('zs') / 'index'
+  return index_lib.build_from_checkpoint(config, None, 'all', str(out))
+
+
+def test_own_videos_indexed_and_searched_by_text_with_spans(collection, zero_shot_index):
+  root, vocab, _ = collection
+  index = zero_shot_index
+  assert sorted(index.ids) == sorted(LENGTHS)
+  info = index.manifest['info']
+  assert info['split'] == 'all' and info['data']['collection'] == 'mine'
+  assert info['queries'] == {'text_feature': 'clip', 'normalize': False, 'max_query_len': 1,
+                             'clip_vocab': None}
+  # The stored frames are the data layer's rows: 'long' (20 rows) sampled to max_frames=16.
+  rows = dequantized_rows(index)
+  mask = rows['mask'][index.ids.index('long')]
+  assert mask.sum() == 16
+  searcher = text_search.TextSearcher(index.path, 'random:tiny', vocab=vocab)
+  assert searcher.video_info('target') == {
+      'duration': 24.0, 'source': '/videos/target.mp4',
+      'thumbnail': os.path.join(str(root), 'mine', 'thumbnails', 'target.jpg')}
+  hits = searcher.search([QUERY, 'dog'], k=3)
+  assert [len(h) for h in hits] == [3, 3]
+  best = hits[0][0]
+  assert (best.video, best.rank) == ('target', 1)
+  np.testing.assert_allclose(best.score, 1.0, rtol=1e-5)
+  # Rows 6-8 of 12 hold the text: the span is their time range.
+  assert best.fraction == (6 / 12, 9 / 12)
+  np.testing.assert_allclose(best.span, (12.0, 18.0), rtol=1e-9)
+  assert best.duration == 24.0
+  assert [h.rank for h in hits[1]] == [1, 2, 3]
+  assert all(h.span[0] < h.span[1] <= h.duration for q in hits for h in q)
+
+
+def test_text_search_cli_json_lines(collection, zero_shot_index, tmp_path, xla_cache):
+  _, vocab, _ = collection
+  out = tmp_path / 'hits.jsonl'
+  support.run_cli('prvr_jax/tools/index.py', 'search', f'--index={zero_shot_index.path}',
+                  f'--text={QUERY}', '--text=dog', '--k=2', f'--clip_vocab={vocab}',
+                  '--clip_weights=random:tiny',
+                  f'--output={out}', cache_dir=xla_cache)
+  lines = support.read_jsonl(out)
+  assert [line['query'] for line in lines] == [QUERY, 'dog']
+  assert set(lines[0]) == {'query', 'videos', 'scores', 'spans', 'span_fractions',
+                           'durations', 'index'}
+  assert lines[0]['videos'][0] == 'target' and lines[0]['spans'][0] == [12.0, 18.0]
+  assert lines[0]['span_fractions'][0] == [0.5, 0.75]
+  assert lines[0]['durations'][0] == 24.0 and lines[0]['index'] == zero_shot_index.id
+  proc = support.run_cli('prvr_jax/tools/index.py', 'search',
+                         f'--index={zero_shot_index.path}', '--text=dog', '--k=6',
+                         f'--clip_vocab={vocab}', '--clip_weights=random:tiny', cache_dir=xla_cache, check=False)
+  assert proc.returncode != 0 and '--k=6' in proc.stderr.strip().splitlines()[-1]
+
+
+def test_bounded_inputs(collection, zero_shot_index):
+  _, vocab, _ = collection
+  searcher = text_search.TextSearcher(zero_shot_index.path, 'random:tiny', vocab=vocab)
+  for k in (0, len(LENGTHS) + 1):
+    with pytest.raises(ValueError, match=f'--k={k}: expected 1 <= k <= {len(LENGTHS)}'):
+      searcher.search(['dog'], k=k)
+  with pytest.raises(ValueError, match='query #1 is'):
+    searcher.search(['dog', '  '], k=1)
+  with pytest.raises(ValueError, match='characters; at most'):
+    searcher.search(['dog ' * 1000], k=1)
+  with pytest.raises(ValueError, match='queries in one search'):
+    searcher.search(['dog'] * (text_search.MAX_QUERIES + 1), k=1)
+  # A long text is truncated to CLIP's context, as CLIP does.
+  assert len(searcher.search(['dog ' * 100], k=1)[0]) == 1
+  with pytest.raises(KeyError, match='not in index'):
+    searcher.video_info('absent')
+  with pytest.raises(ValueError, match='unknown backbone'):
+    text_search.TextSearcher(zero_shot_index.path, 'random:huge', vocab=vocab).search(['a'], 1)
+
+
+@pytest.fixture(scope='module')
+def trained_index(collection, tmp_path_factory):
+  """gmmformer_v2 on CLIP features at tiny dims, random parameters, from a 'checkpoint'."""
+  root, _, _ = collection
+  config = _config('gmmformer_v2', 'tvr_clip', root)
+  config.model.update(hidden_dim=DIM, visual_dim=DIM, query_dim=DIM, num_clips=12,
+                      max_frames=16)
+  spec = registry.get_spec(config.model)
+  params = jax.jit(lambda key: spec.init_params(config.model, key))(jax.random.key(1))
+  folder = tmp_path_factory.mktemp('trained')
+  monkey = pytest.MonkeyPatch()
+  # The checkpoint readers have their own tests: here one hands over random parameters.
+  monkey.setattr(checkpoint_lib, 'load_params', lambda path, config, mesh: (params, {
+      'source': 'prvr_jax', 'path': path, 'workdir': None, 'step': 3, 'data': None}))
+  try:
+    index = index_lib.build_from_checkpoint(config, str(folder / 'run'), 'all',
+                                            str(folder / 'index'))
+  finally:
+    monkey.undo()
+  return config, params, index
+
+
+def test_trained_model_span_is_the_relevance_argmax(collection, trained_index):
+  root, vocab, _ = collection
+  config, params, index = trained_index
+  assert index.manifest['info']['queries']['normalize']  # the *_clip variants normalise
+  searcher = text_search.TextSearcher(index.path, 'random:tiny', vocab=vocab)
+  texts = [QUERY, 'a dog']
+  hits = searcher.search(texts, k=len(LENGTHS))
+  # Each hit's span against the model's own relevance curve over the video's clips.
+  rel = release.Release(str(root), 'mine', None, 'clip', num_clips=12, max_frames=16,
+                        videos_only=True)
+  split = rel.split(release.ALL_SPLIT)
+  spec = registry.get_spec(config.model)
+  module = spec.build(config.model)
+  queries = searcher.query_inputs_of(texts)
+  for q, found in enumerate(hits):
+    for hit in found:
+      clips, frames = split.video_features(hit.video)
+      videos = {'clip_feats': clips[None], 'frame_feats': np.zeros((1, 16, DIM), np.float32),
+                'frame_mask': np.zeros((1, 16), np.float32)}
+      videos['frame_feats'][0, :len(frames)], videos['frame_mask'][0, :len(frames)] = frames, 1
+      curve = np.asarray(module.apply({'params': params},
+                                      {k: v[q:q + 1] for k, v in queries.items()}, videos,
+                                      method=spec.relevance)['clip cosine'])[0]
+      best = int(np.argmax(curve))
+      assert hit.fraction == (best / 12, (best + 1) / 12), hit
+      np.testing.assert_allclose(hit.span, np.array(hit.fraction) * DURATIONS[hit.video])
+    scores = [hit.score for hit in found]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_roberta_model_refused_naming_it(trained_index, tmp_path):
+  config, params, index = trained_index
+  writer = IndexWriter(str(tmp_path / 'roberta'), config.model, params,
+                       info={'queries': {'text_feature': 'roberta'}})
+  writer.add({'clips': dequantized_rows(index)['clips'],
+              'frames': dequantized_rows(index)['frames']}, list(index.ids))
+  writer.close()
+  with pytest.raises(ValueError, match=r'model gmmformer_v2 reads roberta query features'):
+    text_search.TextSearcher(str(tmp_path / 'roberta'), 'random:tiny')
