@@ -283,6 +283,24 @@ class TextSearcher:
     return frozenset(self.index.ids)
 
 
+def json_record(query: str, hits: Sequence[Hit], index_id: str | None,
+                text: str | None = None) -> dict[str, Any]:
+  """The JSON line of one query of `prvr-index search --text` / `--queries=FILE.txt`:
+  {"query", ("text": a file line's text,) "videos", "scores", "spans" ([start, end] seconds
+  or null), "span_fractions" ([a, b] of the video or null), "durations" (seconds or null),
+  "index": the index's id}."""
+  record: dict[str, Any] = {'query': query}
+  if text is not None and text != query:
+    record['text'] = text
+  record.update({
+      'videos': [h.video for h in hits], 'scores': [round(h.score, 6) for h in hits],
+      'spans': [None if h.span is None else [round(x, 3) for x in h.span] for h in hits],
+      'span_fractions': [None if h.fraction is None else [round(x, 6) for x in h.fraction]
+                         for h in hits],
+      'durations': [h.duration for h in hits], 'index': index_id})
+  return record
+
+
 def check_texts(texts: Sequence[str] | str) -> list[str]:
   """`texts` as a list (one string: one query), or ValueError naming the query at fault:
   at most `MAX_QUERIES` non-empty strings of at most `MAX_TEXT_CHARS` characters."""

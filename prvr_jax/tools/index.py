@@ -135,16 +135,7 @@ def _text_search() -> None:
   for start in range(0, len(named), text_search.MAX_QUERIES):
     chunk = named[start:start + text_search.MAX_QUERIES]
     for (name, text), hits in zip(chunk, searcher.search([t for _, t in chunk], k)):
-      record = {'query': name}
-      if name != text:
-        record['text'] = text
-      record.update({
-          'videos': [h.video for h in hits], 'scores': [round(h.score, 6) for h in hits],
-          'spans': [None if h.span is None else [round(x, 3) for x in h.span] for h in hits],
-          'span_fractions': [None if h.fraction is None else [round(x, 6) for x in h.fraction]
-                             for h in hits],
-          'durations': [h.duration for h in hits], 'index': index.id})
-      lines.append(json.dumps(record) + '\n')
+      lines.append(json.dumps(text_search.json_record(name, hits, index.id, text)) + '\n')
   _write_lines(lines)
 
 
