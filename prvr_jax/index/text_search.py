@@ -366,7 +366,7 @@ def _span_function(index: Index, searcher: Searcher) -> Any:
     out = []
     for best in np.argmax(curves, axis=1):
       where = np.flatnonzero(covers[best])
-      out.append((where[0] / num_clips, (where[-1] + 1) / num_clips))
+      out.append((float(where[0] / num_clips), float((where[-1] + 1) / num_clips)))
     return out
 
   return fractions

@@ -207,6 +207,8 @@ def _info() -> None:
   manifest = index.manifest
   summary = {k: manifest[k] for k in ('model', 'model_config_hash', 'dtype', 'num_videos',
                                       'bytes_per_video', 'leaves', 'created', 'info')}
+  if isinstance(summary['info'].get('videos'), dict):  # per-video durations and paths
+    summary['info'] = {**summary['info'], 'videos': f'{len(summary["info"]["videos"])} videos'}
   summary['shards'] = len(manifest['shards'])
   summary['id'] = index.id
   summary['params_fingerprint'] = manifest.get('params_fingerprint')
