@@ -90,8 +90,8 @@ def _read_manifest_locally(collection_dir: str) -> dict[str, Any]:
       raise _manifest_error(path, key, 'is not an object')
     duration = entry.get('duration')
     if (isinstance(duration, bool) or not isinstance(duration, (int, float))
-        or not 0 < duration < math.inf):
-      raise _manifest_error(path, f'{key}/duration', f'is {short(duration)}, not seconds > 0')
+        or not 0 <= duration < math.inf):
+      raise _manifest_error(path, f'{key}/duration', f'is {short(duration)}, not seconds >= 0')
     for name in ('source', 'thumbnail'):
       if entry.get(name) is not None and not isinstance(entry[name], str):
         raise _manifest_error(path, f'{key}/{name}', 'is not a path')
@@ -131,7 +131,8 @@ def video_info(release: release_lib.Release, video_ids: list[str]
   if manifest is not None:
     for video_id, entry in manifest['videos'].items():
       if video_id in wanted:
-        out[video_id] = {'duration': float(entry['duration']),
+        duration = float(entry['duration'])  # 0: unknown (a stream without a duration)
+        out[video_id] = {'duration': duration if duration > 0 else None,
                          'source': _inside(layout.collection_dir, entry.get('source')),
                          'thumbnail': _inside(layout.collection_dir, entry.get('thumbnail'))}
     return out

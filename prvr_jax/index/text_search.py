@@ -10,8 +10,8 @@ Texts become the model's query inputs as its data would hold them:
   the context length; the model's own text tower encodes them.
 * models reading CLIP sentence features (the `*_clip` variants, AMDNet, clip_zero_shot on a
   release, MSC-PRVR on AMDNet's layout: `text_feature='clip'`): CLIP's text tower
-  (`clip_weights`: a weights file `prvr_jax.clip.weights.load` reads, or `random:<backbone>`,
-  e.g. `random:tiny`, a randomly initialised CLIP for tests) gives one sentence vector per
+  (`clip_weights`: a weights file `prvr_jax.clip.weights.load` reads, or
+  `random:<backbone>[:<seed>]`, e.g. `random:tiny`, a randomly initialised CLIP for tests) gives one sentence vector per
   text, L2-normalised where the index's data normalised its query features, put as the one
   token of `query_feats [Q, max_query_len, Dq]` with its `query_mask`.
 Models whose queries are token features of another encoder (RoBERTa: `text_feature` 'roberta',
@@ -49,7 +49,9 @@ from prvr_jax.models.spec import position_scores
 
 MAX_QUERIES = 1024        # texts per `search` call
 MAX_TEXT_CHARS = 2000     # characters per text (its tokens are truncated as CLIP does)
-RANDOM_WEIGHTS = 'random:'  # clip_weights='random:<backbone>': random init, seed 0 (tests)
+# clip_weights='random:<backbone>[:<seed>]': random initialisation (default seed 0), for tests;
+# the spelling of prvr-extract's --clip_weights.
+RANDOM_WEIGHTS = 'random:'
 SPAN_TIE_ATOL = 1e-6      # positions within this of the best one widen the span
 # Text features whose queries text search can make (a CLIP sentence vector per caption).
 SENTENCE_FEATURES = ('clip',)
@@ -78,18 +80,18 @@ class Hit:
 
 def clip_text_model(clip_weights: str) -> tuple[Any, Any]:
   """(CLIPConfig, params) of `clip_weights`: a file (`prvr_jax.clip.weights.load`) or
-  'random:<backbone>' (random initialisation, seed 0)."""
+  'random:<backbone>[:<seed>]' (random initialisation, as prvr-extract's, default seed 0)."""
   from prvr_jax import clip  # pylint: disable=g-import-not-at-top
   from prvr_jax.clip import model as clip_model  # pylint: disable=g-import-not-at-top
   if clip_weights.startswith(RANDOM_WEIGHTS):
-    name = clip_weights[len(RANDOM_WEIGHTS):]
+    name, _, seed = clip_weights[len(RANDOM_WEIGHTS):].partition(':')
     try:
       config = clip.backbone_config(name)
+      seed = int(seed or 0)
     except ValueError:
-      raise ValueError(f'--clip_weights={clip_weights}: unknown backbone {name!r}; expected '
-                       f"{RANDOM_WEIGHTS}tiny or {RANDOM_WEIGHTS}<one of {sorted(clip.CONFIGS)}>"
-                       ) from None
-    params = jax.jit(clip.CLIP(config).init)(jax.random.key(0),
+      raise ValueError(f'--clip_weights={clip_weights}: expected {RANDOM_WEIGHTS}<backbone>'
+                       f"[:<seed>], backbone 'tiny' or one of {sorted(clip.CONFIGS)}") from None
+    params = jax.jit(clip.CLIP(config).init)(jax.random.key(seed),
                                              *clip_model.example_inputs(config))['params']
     return config, params
   from prvr_jax.clip import weights  # pylint: disable=g-import-not-at-top

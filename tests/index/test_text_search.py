@@ -159,7 +159,7 @@ def test_bounded_inputs(collection, zero_shot_index):
   assert len(searcher.search(['dog ' * 100], k=1)[0]) == 1
   with pytest.raises(KeyError, match='not in index'):
     searcher.video_info('absent')
-  with pytest.raises(ValueError, match='unknown backbone'):
+  with pytest.raises(ValueError, match='expected random:<backbone>'):
     text_search.TextSearcher(zero_shot_index.path, 'random:huge', vocab=vocab).search(['a'], 1)
 
 
@@ -228,3 +228,12 @@ def test_roberta_model_refused_naming_it(trained_index, tmp_path):
   writer.close()
   with pytest.raises(ValueError, match=r'model gmmformer_v2 reads roberta query features'):
     text_search.TextSearcher(str(tmp_path / 'roberta'), 'random:tiny')
+
+
+def test_bad_extract_manifest_named(tmp_path):
+  from prvr_jax.data import collection as collection_lib  # pylint: disable=g-import-not-at-top
+  assert collection_lib.read_extract_manifest(str(tmp_path)) is None  # none: a release
+  (tmp_path / 'extract_manifest.json').write_text(json.dumps(
+      {'format': 'prvr_jax.extract/1', 'videos': {'v': {'duration': 'long'}}}))
+  with pytest.raises(release.DataError, match=r'extract_manifest.json: .*(duration|backbone)'):
+    collection_lib.read_extract_manifest(str(tmp_path))
