@@ -136,8 +136,8 @@ def video_info(release: release_lib.Release, video_ids: list[str]
                          'source': _inside(layout.collection_dir, entry.get('source')),
                          'thumbnail': _inside(layout.collection_dir, entry.get('thumbnail'))}
     return out
-  for split in release_lib._caption_splits(layout.collection_dir,  # pylint: disable=protected-access
-                                           layout.collection):
+  caption_splits = release_lib._caption_splits  # pylint: disable=protected-access
+  for split in caption_splits(layout.collection_dir, layout.collection):
     path = layout.moments_path(split)
     if not os.path.isfile(path):
       continue

@@ -11,9 +11,10 @@ Texts become the model's query inputs as its data would hold them:
 * models reading CLIP sentence features (the `*_clip` variants, AMDNet, clip_zero_shot on a
   release, MSC-PRVR on AMDNet's layout: `text_feature='clip'`): CLIP's text tower
   (`clip_weights`: a weights file `prvr_jax.clip.weights.load` reads, or
-  `random:<backbone>[:<seed>]`, e.g. `random:tiny`, a randomly initialised CLIP for tests) gives one sentence vector per
-  text, L2-normalised where the index's data normalised its query features, put as the one
-  token of `query_feats [Q, max_query_len, Dq]` with its `query_mask`.
+  `random:<backbone>[:<seed>]`, e.g. `random:tiny`, a randomly initialised CLIP for tests)
+  gives one sentence vector per text, L2-normalised where the index's data normalised its
+  query features, put as the one token of `query_feats [Q, max_query_len, Dq]` with its
+  `query_mask`.
 Models whose queries are token features of another encoder (RoBERTa: `text_feature` 'roberta',
 or per-token CLIP features 'clip_text', MSC-PRVR's own files) are refused: no text encoder of
 theirs is here. Then the model's `encode_queries` and exact search (`Searcher`).
