@@ -129,9 +129,23 @@ def test_json_lines(collection, zero_shot_index):
 
 @pytest.mark.end_to_end
 def test_text_search_cli_json_lines(collection, zero_shot_index, tmp_path, xla_cache):
-  _, vocab, _ = collection
+  """prvr-index build --split=all, then search --text: the index and lines of the API."""
+  root, vocab, _ = collection
+  support.run_cli('prvr_jax/tools/index.py', 'build',
+                  f'--config={support.REPO / "configs" / "clip_zero_shot.py"}:tvr_clip,max',
+                  f'--config.data.dir={root}', '--config.data.collection=mine', '--split=all',
+                  *(f'--config.model.{k}={DIM}' for k in ('hidden_dim', 'visual_dim',
+                                                          'query_dim')),
+                  '--config.model.max_frames=16', '--config.model.num_clips=4',
+                  f'--out={tmp_path / "index"}', cache_dir=xla_cache)
+  built = index_lib.open_index(str(tmp_path / 'index'))
+  assert built.manifest['params_fingerprint'] == zero_shot_index.manifest['params_fingerprint']
+  # The same rows (the CLI's XLA flags may round the normalisation otherwise).
+  support.assert_close(dequantized_rows(built)['frames'],
+                       dequantized_rows(zero_shot_index)['frames'], rtol=support.f32_rtol(DIM))
+  assert built.manifest['info']['videos'] == zero_shot_index.manifest['info']['videos']
   out = tmp_path / 'hits.jsonl'
-  support.run_cli('prvr_jax/tools/index.py', 'search', f'--index={zero_shot_index.path}',
+  support.run_cli('prvr_jax/tools/index.py', 'search', f'--index={built.path}',
                   f'--text={QUERY}', '--text=dog', '--k=2', f'--clip_vocab={vocab}',
                   '--clip_weights=random:tiny',
                   f'--output={out}', cache_dir=xla_cache)
@@ -141,7 +155,7 @@ def test_text_search_cli_json_lines(collection, zero_shot_index, tmp_path, xla_c
                            'durations', 'index'}
   assert lines[0]['videos'][0] == 'target' and lines[0]['spans'][0] == [12.0, 18.0]
   assert lines[0]['span_fractions'][0] == [0.5, 0.75]
-  assert lines[0]['durations'][0] == 24.0 and lines[0]['index'] == zero_shot_index.id
+  assert lines[0]['durations'][0] == 24.0 and lines[0]['index'] == built.id
 
 
 def test_bounded_inputs(collection, zero_shot_index):
