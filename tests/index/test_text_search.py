@@ -258,3 +258,28 @@ def test_bad_extract_manifest_named(tmp_path):
       {'format': 'prvr_jax.extract/1', 'videos': {'v': {'duration': 'long'}}}))
   with pytest.raises(release.DataError, match=r'extract_manifest.json: .*(duration|backbone)'):
     collection_lib.read_extract_manifest(str(tmp_path))
+
+
+def test_all_videos_of_a_release_with_moments(tmp_path):
+  """`--split=all` of a release: every video of its feature file (captioned or not), each
+  duration from the moments files."""
+  from prvr_jax.data import collection as collection_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  videos = {v: rng.normal(size=(3, 4)).astype(np.float32) for v in ('a', 'b', 'c')}
+  with release.ReleaseWriter(str(tmp_path), 'rel', None, 'clip') as writer:
+    for video_id, frames in videos.items():
+      writer.add_video(video_id, frames)
+    writer.write_captions('test', [('a#0', 'a cat'), ('b#0', 'a dog')])
+    for cap_id in ('a#0', 'b#0'):
+      writer.add_caption_features(cap_id, rng.normal(size=4))
+    writer.write_moments('test', [('a#0', 1.0, 2.0, 7.5)])
+  rel = release.Release(str(tmp_path), 'rel', None, 'clip', num_clips=2, max_frames=4,
+                        videos_only=True)
+  split = rel.split(release.ALL_SPLIT)
+  assert split.video_ids == ['a', 'b', 'c'] and split.caption_ids == []
+  clips, frames = split.video_features('c')
+  assert clips.shape == (2, 4) and np.array_equal(frames, videos['c'])
+  assert collection_lib.video_info(rel, split.video_ids) == {
+      'a': {'duration': 7.5, 'source': None, 'thumbnail': None}}
+  with pytest.raises(ValueError, match="split 'test': a videos-only collection"):
+    rel.split('test')
