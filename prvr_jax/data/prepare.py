@@ -42,6 +42,7 @@ from prvr_jax import files
 from prvr_jax.files import short
 from prvr_jax.data import catalogue
 from prvr_jax.data import check
+from prvr_jax.data.collection import release_settings
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
 from prvr_jax.data.shard_format import FORMAT, FORMAT_VERSION, MANIFEST, ShardError
@@ -834,16 +835,9 @@ def prepare_shards(release_dir: str, out_dir: str, *, collection: str | None = N
 def prepare_from_config(config, out_dir: str, num_shards: int = 0,
                         workers: int | None = None) -> str:
   """`prepare_shards` for `config.data.dir` with the settings of an ml_collections config."""
-  data, model = config.data, config.model
+  data = config.data
   return prepare_shards(
-      data.dir, out_dir, collection=data.get('collection') or None,
-      visual_feature=data.get('visual_feature') or None,
-      text_feature=data.get('text_feature', 'roberta'), splits=check.config_splits(data),
-      num_clips=model.get('num_clips', preprocess.NUM_CLIPS),
-      max_frames=model.get('max_frames', preprocess.MAX_FRAMES),
-      max_query_len=model.get('max_query_len', preprocess.MAX_QUERY_LEN),
-      visual_dim=model.get('visual_dim'), query_dim=model.get('query_dim'),
-      skip_bad_items=data.get('skip_bad_items', False), num_shards=num_shards,
+      data.dir, out_dir, splits=check.config_splits(data), num_shards=num_shards,
       train_split=data.get('train_split', 'train'),
       allow_split_overlap=data.get('allow_split_overlap', False), workers=workers,
-      frame_map=data.get('frame_map') or None, normalize=data.get('normalize'))
+      **release_settings(config))

@@ -48,6 +48,9 @@ _QUERY_FEATURE_FILES = {
     'clip_text': 'clip_text_%s_query_feat.hdf5',
 }
 _SPLIT_ORDER = ('train', 'val', 'test')
+# The videos-only split of a collection: every video of its feature file, captions or none
+# (`Release(..., videos_only=True).split(ALL_SPLIT)`; users' own videos have no captions).
+ALL_SPLIT = 'all'
 _CAPTION_SUFFIX = '.caption.txt'
 MAX_LISTED = 5  # bad items listed in a data error
 # The one cap of every feature reader (docs/reliability.md): the most elements one caption's
@@ -56,6 +59,12 @@ MAX_LISTED = 5  # bad items listed in a data error
 # declaring more is refused from its metadata (HDF5 / .npy header, shape.txt x id list), before
 # anything is read or allocated.
 MAX_FEATURE_ELEMENTS = 1 << 26
+
+
+def default_normalize(text_feature: str) -> bool:
+  """Whether a layout's features are L2-normalised when `normalize` is not given: the token
+  layouts and MSC-PRVR's (as their loaders), not AMDNet's CLIP layout."""
+  return text_feature in TOKEN_TEXT_FEATURES or text_feature in MSC_FEATURE_FILES
 
 
 class DataError(ValueError):
@@ -530,6 +539,10 @@ class Layout:
     """The optional moment spans of `split` (`ReleaseWriter.write_moments`)."""
     return os.path.join(self.text_dir, f'{self.collection}{split}.moments.txt')
 
+  def video_files(self) -> list[str]:
+    """The video feature files of this layout (`feature_files` less the query features)."""
+    return [f for f in self.feature_files() if f != self.query_feature_path]
+
   def feature_files(self) -> list[str]:
     """The feature files this layout reads (caption files aside)."""
     if self.text_feature in MSC_FEATURE_FILES:
@@ -574,6 +587,29 @@ def _resolve_collection(root: str, collection: str | None) -> tuple[str, str]:
                   'TextData/; pass collection=')
 
 
+def _resolve_video_collection(root: str, collection: str | None) -> tuple[str, str]:
+  """(collection_dir, collection) of a collection that may hold no captions (`FeatureData/`
+  only, as `prvr-extract` writes one): `<root>/<collection>/` or `root` itself."""
+  root = os.path.abspath(os.fspath(root))
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f'collection root {root} does not exist')
+  if collection:
+    for folder in (os.path.join(root, collection), root):
+      if os.path.isdir(os.path.join(folder, 'FeatureData')) and (
+          folder != root or os.path.basename(root) == collection):
+        return folder, collection
+    raise FileNotFoundError(f'collection {collection!r} not found: expected '
+                            f'{os.path.join(root, collection, "FeatureData")}')
+  if os.path.isdir(os.path.join(root, 'FeatureData')):
+    return root, os.path.basename(root)
+  cands = sorted(d for d in os.listdir(root)
+                 if os.path.isdir(os.path.join(root, d, 'FeatureData')))
+  if len(cands) == 1:
+    return os.path.join(root, cands[0]), cands[0]
+  raise DataError(f'cannot infer the collection in {root}: found {cands or "no"} folders with '
+                  'FeatureData/; pass collection=')
+
+
 def _caption_splits(collection_dir: str, collection: str) -> list[str]:
   """The standard splits (train, val, test) whose caption files exist."""
   return [s for s in _SPLIT_ORDER
@@ -606,29 +642,39 @@ class Release:
                max_frames: int = preprocess.MAX_FRAMES, max_query_len: int = preprocess.MAX_QUERY_LEN,
                normalize: bool | None = None, visual_dim: int | None = None,
                query_dim: int | None = None, skip_bad_items: bool = False,
-               check_values: bool = False, frame_map: str | None = None):
+               check_values: bool = False, frame_map: str | None = None,
+               videos_only: bool = False):
     if text_feature not in TEXT_FEATURES:
       raise ValueError(f'text_feature must be one of {TEXT_FEATURES}, got {text_feature!r}')
     if text_feature in TOKEN_TEXT_FEATURES and not visual_feature:
       raise ValueError(f'text_feature={text_feature!r} needs visual_feature (the FeatureData/<name> '
                        'BigFile folder)')
-    collection_dir, collection = _resolve_collection(root, collection)
+    if videos_only:
+      collection_dir, collection = _resolve_video_collection(root, collection)
+    else:
+      collection_dir, collection = _resolve_collection(root, collection)
     self.layout = Layout(collection_dir, collection, visual_feature, text_feature,
                          frame_map or None)
     self.num_clips = num_clips
     self.max_frames = max_frames
     self.max_query_len = max_query_len
-    self.normalize = ((text_feature in TOKEN_TEXT_FEATURES or text_feature in MSC_FEATURE_FILES)
-                      if normalize is None else normalize)
+    self.normalize = default_normalize(text_feature) if normalize is None else normalize
     self.expected_visual_dim = visual_dim
     self.expected_query_dim = query_dim
     self.skip_bad_items = skip_bad_items
     self.check_values = check_values
+    self.videos_only = videos_only
     self.splits: tuple[str, ...] = tuple(_caption_splits(collection_dir, collection))
-    if not self.splits:
+    if videos_only:
+      self.splits = (ALL_SPLIT,)
+      _require_files(self.layout.video_files(),
+                     f'collection {collection_dir} ({text_feature} layout)')
+    elif not self.splits:
       expected = ', '.join(self.layout.caption_path(s) for s in _SPLIT_ORDER)
       raise FileNotFoundError(f'no caption files in {self.layout.text_dir}; expected {expected}')
-    _require_files(self.layout.feature_files(), f'release {collection_dir} ({text_feature} layout)')
+    else:
+      _require_files(self.layout.feature_files(),
+                     f'release {collection_dir} ({text_feature} layout)')
     self._splits: dict[str, ReleaseSplit] = {}
 
   @property
@@ -692,8 +738,29 @@ class Release:
   def __exit__(self, *exc) -> None:
     self.close()
 
+  def feature_video_ids(self) -> list[str]:
+    """Every video id of the feature file (HDF5 layouts: its datasets; token layouts: the
+    videos of video2frames.txt), sorted."""
+    if self.video_h5:
+      ids = self.clip_videos.keys()
+    else:
+      ids = self.video2frames.keys()
+    if not ids:
+      source = (self.layout.clip_video_feature_path if self.video_h5
+                else self.layout.video2frames_path)
+      raise DataError(f'{source} holds no video')
+    return sorted(ids)
+
   def split(self, name: str) -> 'ReleaseSplit':
-    """The split read from `TextData/<collection><name>.caption.txt` (cached)."""
+    """The split read from `TextData/<collection><name>.caption.txt` (cached); with
+    `videos_only`, `ALL_SPLIT` only: every video of the feature file, no captions."""
+    if self.videos_only:
+      if name != ALL_SPLIT:
+        raise ValueError(f'split {name!r}: a videos-only collection ({self.layout.collection_dir}) '
+                         f'has one split, {ALL_SPLIT!r} (every video of its feature file)')
+      if name not in self._splits:
+        self._splits[name] = ReleaseSplit(self, name, video_ids=self.feature_video_ids())
+      return self._splits[name]
     if name not in self._splits:
       path = self.layout.caption_path(name)
       if not os.path.isfile(path):
@@ -716,17 +783,22 @@ class ReleaseSplit:
       of another's problem are in `skipped` only).
   """
 
-  def __init__(self, release: Release, name: str):
+  def __init__(self, release: Release, name: str, video_ids: Sequence[str] | None = None):
     self.release = release
     self.name = name
-    self.caption_file = release.layout.caption_path(name)
-    captions = read_captions(self.caption_file)
+    # `video_ids`: a videos-only split (`ALL_SPLIT`): these videos, no captions.
+    self.videos_only = video_ids is not None
+    self.caption_file = None if self.videos_only else release.layout.caption_path(name)
+    captions = [] if self.videos_only else read_captions(self.caption_file)
     self.skipped: list[tuple[str, str]] = []
     self.problems: list[str] = []
     # The dims of the data (`config.model.*_dim` when given), set by the first item checked.
     self.visual_dim: int | None = release.expected_visual_dim
     self.query_dim: int | None = release.expected_query_dim
     self._set_captions(captions)
+    if self.videos_only:
+      self.video_ids = list(video_ids)
+      self._caps_of = {v: [] for v in self.video_ids}
     self._validate()
     if release.check_values:
       self._validate(values=True)
@@ -928,8 +1000,9 @@ class ReleaseSplit:
   def _check_config_dims(self) -> None:
     """Raises when the data's dims disagree with config.model.{visual,query}_dim."""
     rel = self.release
-    checks = [('config.model.query_dim', rel.expected_query_dim, rel.queries, self.caption_ids,
-               lambda c: c)]
+    checks = [] if self.videos_only else [
+        ('config.model.query_dim', rel.expected_query_dim, rel.queries, self.caption_ids,
+         lambda c: c)]
     if rel.video_h5:
       checks.append(('config.model.visual_dim', rel.expected_visual_dim, rel.clip_videos,
                      self.video_ids, rel.layout.video_key))
@@ -959,9 +1032,21 @@ class ReleaseSplit:
     problems = [*bad_videos.values(), *bad_captions.values()]
     if not problems:
       return
-    what = f'split {self.name!r} of {rel.layout.collection_dir} ({self.caption_file})'
+    what = (f'split {self.name!r} of {rel.layout.collection_dir} '
+            f'({self.caption_file or "every video of its feature file"})')
     if not rel.skip_bad_items:
       raise _bad_items(problems, what)
+    if self.videos_only:
+      kept_ids = [v for v in self.video_ids if v not in bad_videos]
+      if not kept_ids:
+        raise _bad_items(problems, what + ' (every item is bad)')
+      self.skipped.extend(bad_videos.items())
+      self.problems += problems
+      self.video_ids = kept_ids
+      self._caps_of = {v: [] for v in kept_ids}
+      _log.warning('%s: skipped %d video(s) with bad data (see split.skipped); first: %s', what,
+                   len(bad_videos), problems[0])
+      return
     kept = [(c, t) for c, t in self.captions
             if c not in bad_captions and video_id_of(c) not in bad_videos]
     if not kept:

@@ -19,11 +19,14 @@ import numpy as np
 from prvr_jax import checkpoint as checkpoint_lib
 from prvr_jax import config_lib
 from prvr_jax import parallel
+from prvr_jax.data import collection
+from prvr_jax.data.release import ALL_SPLIT
 from prvr_jax.eval import outputs
 from prvr_jax.eval.evaluator import EvalResult, Evaluator, Gallery, Phases, len_or_none
 from prvr_jax.eval.splits import EvalSplit
 from prvr_jax.files import short
 from prvr_jax.index.store import Index, IndexFormatError, IndexWriter, dequantize, open_index
+from prvr_jax.models import registry
 
 
 def build_index(config: ml_collections.ConfigDict, params: Any, data: EvalSplit, out_dir: str,
@@ -106,18 +109,72 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
   check_not_an_input(out_dir, {'--checkpoint': checkpoint_path,
                                '--config.data.dir': config.data.get('dir'),
                                '--config.model.clip_weights': config.model.get('clip_weights')})
+  if split == ALL_SPLIT:
+    return build_collection(config, checkpoint_path, out_dir, dtype, shard_videos, overwrite)
   loaded = outputs.load_params_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)
   info = loaded['info']
   return build_index(config, loaded['params'], loaded['data'], out_dir, dtype=dtype,
                      shard_videos=shard_videos, overwrite=overwrite, mesh=loaded['mesh'],
-                     info={'checkpoint': info['path'], 'checkpoint_source': info['source'],
-                           'checkpoint_arg': (os.path.abspath(checkpoint_path)
-                                              if checkpoint_path else None),
-                           'step': info.get('step'),
-                           'workdir': info['workdir'], 'trained_on': info['data'],
+                     info={**_checkpoint_info(info, checkpoint_path),
                            'split': split, 'data': loaded['evaluated_on'],
-                           'cross_dataset': loaded['cross']})
+                           'cross_dataset': loaded['cross'],
+                           'queries': collection.query_layout(config),
+                           'videos': _split_video_info(loaded, split)})
+
+
+def _checkpoint_info(info: Mapping[str, Any], checkpoint_path: str | None) -> dict[str, Any]:
+  """What an index records of the parameters it was built with."""
+  return {'checkpoint': info['path'], 'checkpoint_source': info['source'],
+          'checkpoint_arg': os.path.abspath(checkpoint_path) if checkpoint_path else None,
+          'step': info.get('step'), 'workdir': info['workdir'], 'trained_on': info['data']}
+
+
+def _split_video_info(loaded: Mapping[str, Any], split: str) -> dict[str, dict[str, Any]]:
+  """The durations of a prepared split's videos where its moments give them (`video_info`
+  entries; none for data without moments)."""
+  shards = getattr(loaded['shards'], 'shards', None)
+  batching = getattr(loaded['shards'], 'batching', None)
+  if shards is None or batching is None:
+    return {}
+  from prvr_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  index = pipeline.eval_index(shards, batching.split(split))
+  durations = {}
+  for column, duration in zip(index.caption_video_index, index.durations):
+    if duration > 0:
+      durations[index.video_ids[int(column)]] = float(duration)
+  return collection.split_video_info(durations)
+
+
+def build_collection(config: ml_collections.ConfigDict, checkpoint_path: str | None,
+                     out_dir: str, dtype: str = 'float32', shard_videos: int = 100_000,
+                     overwrite: bool = False) -> Index:
+  """`build_index` of every video of the collection `config.data.dir` (`--split=all`),
+  captions or none (`prvr_jax.data.collection.all_videos`: users' own videos extracted by
+  prvr-extract, or all of a release's): parameters from `checkpoint_path` (None: a model with
+  nothing to train, from its config). The manifest's info records the data's identity, the
+  query layout text search reads (`queries`) and each video's duration, source and thumbnail
+  (`videos`, where known)."""
+  config_lib.validate(config)
+  check_not_an_input(out_dir, {'--checkpoint': checkpoint_path,
+                               '--config.data.dir': config.data.get('dir'),
+                               '--config.model.clip_weights': config.model.get('clip_weights')})
+  spec = registry.get_spec(config.model)
+  mesh = parallel.make_mesh()
+  if checkpoint_path is None:
+    if spec.trainable:
+      raise ValueError(f'config.model.name={spec.name!r} is a trained model: pass --checkpoint.')
+    params = parallel.replicate(spec.pretrained(config), mesh)
+    info = {'source': 'pretrained', 'path': config.model.get('clip_weights') or None,
+            'workdir': None, 'step': None, 'data': None}
+  else:
+    params, info = checkpoint_lib.load_params(checkpoint_path, config, mesh)
+  data, videos, identity = collection.all_videos(config)
+  return build_index(config, params, data, out_dir, dtype=dtype, shard_videos=shard_videos,
+                     overwrite=overwrite, mesh=mesh,
+                     info={**_checkpoint_info(info, checkpoint_path), 'split': ALL_SPLIT,
+                           'data': identity, 'cross_dataset': False,
+                           'queries': collection.query_layout(config), 'videos': videos})
 
 
 def check_not_an_input(out: str, inputs: Mapping[str, str | None], flag: str = '--out'

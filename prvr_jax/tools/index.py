@@ -15,8 +15,17 @@ r"""The index from the command line (`prvr-index`, or `python -m prvr_jax.tools.
   # What an index holds; --verify checks every file's sha256:
   prvr-index info --index=/idx/tvr_test --verify
 
+  # Every video of your own collection (prvr-extract's folder, no captions), then search it
+  # by text with the best-matching span of each video (docs/index.md):
+  prvr-index build --config=clip_zero_shot:tvr_clip,max --config.data.dir=/data/mine \
+      --config.data.collection=mine --split=all --out=/idx/mine
+  prvr-index search --index=/idx/mine --text="a man opens the fridge" --k=10 \
+      --clip_weights=/data/clip/ViT-B-32.safetensors
+
 search writes one JSON line per query: {"query": id, "videos": [ids], "scores": [floats],
-"index": the index's id}, and logs the index's provenance (checkpoint, step, parameters'
+"index": the index's id}; by text (--text, or --queries=FILE.txt) also "spans" ([start, end]
+seconds or null), "span_fractions" and "durations" per video (and "text" for a file's
+lines, whose "query" is "line N"). It logs the index's provenance (checkpoint, step, parameters'
 fingerprint). Every open checks each index file's size and sampled digest (the full sha256 of a
 file whose mtime changed); --verify checks every file's full sha256.
 """
@@ -44,7 +53,9 @@ def define_flags() -> None:
   flags.DEFINE_string(
       'checkpoint', None, 'build: a train.py workdir / checkpoint folder, or an official PyTorch '
       'checkpoint file (none for clip_zero_shot: its weights from its config).')
-  flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed.')
+  flags.DEFINE_string('split', 'test', 'build: the split whose videos are indexed; \'all\': '
+                      'every video of the collection config.data.dir (captions or none, e.g. '
+                      'your own videos from prvr-extract).')
   flags.DEFINE_string('out', None, 'build: the new index folder; candidates: the folder of the '
                       'candidate files (default <index>/candidates).')
   flags.DEFINE_enum('kind', 'ivf', ['ivf', 'flat'], 'candidates: the faiss index kind.')
@@ -57,7 +68,15 @@ def define_flags() -> None:
   flags.DEFINE_bool('cross_dataset', False,
                     'build: index data other than the checkpoint\'s own split.')
   flags.DEFINE_string('index', None, 'search / candidates / info: the index folder.')
-  flags.DEFINE_string('queries', None, 'search: the query file (.npz, .h5, .txt).')
+  flags.DEFINE_string('queries', None, 'search: the query file (.npz, .h5, .txt: one text '
+                      'per line).')
+  flags.DEFINE_multi_string('text', None, 'search: a query text (repeatable); with --queries '
+                            'FILE.txt, the texts of a file.')
+  flags.DEFINE_string('clip_weights', None, 'search by text: CLIP\'s weights for models reading '
+                      'CLIP sentence features (default: the index\'s config.model.clip_weights); '
+                      'random:tiny is a random test CLIP.')
+  flags.DEFINE_string('clip_vocab', None, 'search by text: CLIP\'s BPE vocabulary (default: '
+                      'the index data\'s, else PRVR_CLIP_VOCAB or open_clip\'s).')
   flags.DEFINE_integer('k', 100, 'search: videos returned per query.')
   flags.DEFINE_string('output', None, 'search: JSON-lines output (default stdout).')
   flags.DEFINE_integer('query_batch_size', 256, 'search: queries per batch.')
@@ -91,11 +110,54 @@ def _build() -> None:
         f'{index.manifest["bytes_per_video"]} bytes per video.')
 
 
+def _text_search() -> None:
+  """`search --text` / `--queries=FILE.txt`: one JSON line per text, with spans."""
+  from prvr_jax.index import text_search  # pylint: disable=g-import-not-at-top
+  if FLAGS.candidates:
+    raise app.UsageError('--candidates: search by text is exact only; drop --candidates.')
+  if FLAGS.text and FLAGS.queries:
+    raise app.UsageError('--text and --queries: give one of them.')
+  if FLAGS.queries:
+    with open(FLAGS.queries, encoding='utf-8') as f:
+      lines = [(f'line {i}', line.rstrip('\n')) for i, line in enumerate(f, 1)]
+    named = [(name, text) for name, text in lines if text.strip()]
+    if not named:
+      raise ValueError(f'--queries={FLAGS.queries} holds no query text.')
+  else:
+    named = [(text, text) for text in FLAGS.text]
+  searcher = text_search.TextSearcher(FLAGS.index, FLAGS.clip_weights, FLAGS.verify,
+                                      vocab=FLAGS.clip_vocab,
+                                      query_batch_size=FLAGS.query_batch_size)
+  index = searcher.index
+  logging.info('Searching index %s by text', json.dumps(index.provenance(), sort_keys=True))
+  k = searcher.check_k(FLAGS.k)
+  lines = []
+  for start in range(0, len(named), text_search.MAX_QUERIES):
+    chunk = named[start:start + text_search.MAX_QUERIES]
+    for (name, text), hits in zip(chunk, searcher.search([t for _, t in chunk], k)):
+      lines.append(json.dumps(text_search.json_record(name, hits, index.id, text)) + '\n')
+  _write_lines(lines)
+
+
+def _write_lines(lines) -> None:
+  if FLAGS.output:
+    from prvr_jax import files  # pylint: disable=g-import-not-at-top
+    files.write_atomic(FLAGS.output, lambda f: f.writelines(l.encode('utf-8') for l in lines))
+  else:
+    sys.stdout.writelines(lines)
+
+
 def _search() -> None:
   from prvr_jax.index import queries as queries_lib  # pylint: disable=g-import-not-at-top
   from prvr_jax.index import search, store  # pylint: disable=g-import-not-at-top
-  _require(index=FLAGS.index, queries=FLAGS.queries)
+  _require(index=FLAGS.index)
+  if not FLAGS.text:
+    _require(queries=FLAGS.queries)
   if FLAGS.output:
+    _check_output(FLAGS.output, FLAGS.index, FLAGS.queries, FLAGS.candidates)
+  if FLAGS.text or FLAGS.queries.lower().endswith('.txt'):
+    _text_search()
+    return
     _check_output(FLAGS.output, FLAGS.index, FLAGS.queries, FLAGS.candidates)
   index = store.open_index(FLAGS.index, verify=FLAGS.verify)
   logging.info('Searching index %s', json.dumps(index.provenance(), sort_keys=True))
@@ -113,17 +175,14 @@ def _search() -> None:
                        'scores': [round(float(s), 6) for s in scores],
                        'index': index.id}) + '\n'
            for query_id, videos, scores in zip(ids, result.ids, result.scores))
-  if FLAGS.output:
-    from prvr_jax import files  # pylint: disable=g-import-not-at-top
-    files.write_atomic(FLAGS.output, lambda f: f.writelines(l.encode('utf-8') for l in lines))
-  else:
-    sys.stdout.writelines(lines)
+  _write_lines(lines)
 
 
-def _check_output(output: str, index: str, queries: str, candidates: str | None) -> None:
+def _check_output(output: str, index: str, queries: str | None, candidates: str | None
+                  ) -> None:
   """Refuses a --output that is the query file or lies in the index or candidate folder."""
   target = os.path.realpath(output)
-  if target == os.path.realpath(queries):
+  if queries and target == os.path.realpath(queries):
     raise app.UsageError(f'--output={output} is the query file --queries={queries}; choose '
                          'another --output.')
   for flag, folder in (('--index', index), ('--candidates', candidates)):
@@ -148,6 +207,8 @@ def _info() -> None:
   manifest = index.manifest
   summary = {k: manifest[k] for k in ('model', 'model_config_hash', 'dtype', 'num_videos',
                                       'bytes_per_video', 'leaves', 'created', 'info')}
+  if isinstance(summary['info'].get('videos'), dict):  # per-video durations and paths
+    summary['info'] = {**summary['info'], 'videos': f'{len(summary["info"]["videos"])} videos'}
   summary['shards'] = len(manifest['shards'])
   summary['id'] = index.id
   summary['params_fingerprint'] = manifest.get('params_fingerprint')
