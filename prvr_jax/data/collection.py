@@ -14,23 +14,19 @@ else a moments file's), its source file and thumbnail (extract manifest), absolu
 """
 
 from collections.abc import Iterator, Mapping
-import json
 import logging
-import math
 import os
 from typing import Any
 
 import numpy as np
 
 from prvr_jax import files
+from prvr_jax.data import extract as extract_lib
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
-from prvr_jax.files import short
 
 _log = logging.getLogger(__name__)
 
-EXTRACT_MANIFEST = 'extract_manifest.json'
-EXTRACT_FORMAT = 'prvr_jax.extract/1'
 SHARD_MANIFEST = 'manifest.json'
 
 
@@ -66,50 +62,12 @@ def query_layout(config: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- manifest
 
 
-def _manifest_error(path: str, key: str, what: str) -> release_lib.DataError:
-  return release_lib.DataError(f'{path}: {key} {what}')
-
-
-def _read_manifest_locally(collection_dir: str) -> dict[str, Any]:
-  """`extract_manifest.json` checked for what indexing reads of it (the format, and per video
-  its duration, source and thumbnail); raises `DataError` naming the file and key."""
-  path = os.path.join(collection_dir, EXTRACT_MANIFEST)
-  try:
-    with open(path, encoding='utf-8') as f:
-      manifest = json.load(f)
-  except (OSError, ValueError) as e:
-    raise release_lib.DataError(f'{path}: not a readable JSON file ({e})') from None
-  if not isinstance(manifest, dict) or manifest.get('format') != EXTRACT_FORMAT:
-    raise _manifest_error(path, 'format', f'is not {EXTRACT_FORMAT!r}')
-  videos = manifest.get('videos')
-  if not isinstance(videos, dict):
-    raise _manifest_error(path, 'videos', 'is not a mapping of video id -> entry')
-  for video_id, entry in videos.items():
-    key = f'videos/{short(video_id)}'
-    if not isinstance(entry, dict):
-      raise _manifest_error(path, key, 'is not an object')
-    duration = entry.get('duration')
-    if (isinstance(duration, bool) or not isinstance(duration, (int, float))
-        or not 0 <= duration < math.inf):
-      raise _manifest_error(path, f'{key}/duration', f'is {short(duration)}, not seconds >= 0')
-    for name in ('source', 'thumbnail'):
-      if entry.get(name) is not None and not isinstance(entry[name], str):
-        raise _manifest_error(path, f'{key}/{name}', 'is not a path')
-  return manifest
-
-
 def read_extract_manifest(collection_dir: str) -> dict[str, Any] | None:
-  """The collection's extract manifest (None: it has none), read by
-  `prvr_jax.data.extract.read_manifest` where that module is installed, else checked here for
-  what indexing reads."""
-  if not os.path.isfile(os.path.join(collection_dir, EXTRACT_MANIFEST)):
+  """The collection's validated extract manifest (`extract.read_manifest`), or None where it
+  has none (a release)."""
+  if not os.path.isfile(os.path.join(collection_dir, extract_lib.MANIFEST)):
     return None
-  try:
-    from prvr_jax.data import extract  # pylint: disable=g-import-not-at-top
-    reader = extract.read_manifest
-  except (ImportError, AttributeError):
-    reader = _read_manifest_locally
-  return reader(collection_dir)
+  return extract_lib.read_manifest(collection_dir)
 
 
 def _inside(collection_dir: str, path: str | None) -> str | None:
@@ -216,7 +174,7 @@ def all_videos(config: Any) -> tuple[Any, dict[str, dict[str, Any]], dict[str, A
   data = EvalSplit(video_batches=lambda: _Batches(split, batch_size),
                    query_batches=lambda: iter(()), video_ids=list(split.video_ids),
                    caption_ids=[])
-  manifest_path = os.path.join(release.layout.collection_dir, EXTRACT_MANIFEST)
+  manifest_path = os.path.join(release.layout.collection_dir, extract_lib.MANIFEST)
   identity = {'collection': release.collection,
               'collection_dir': release.layout.collection_dir,
               'visual_feature': release.layout.visual_feature,
