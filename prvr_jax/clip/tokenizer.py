@@ -18,6 +18,7 @@ Without the `regex` package the split uses the same pattern written for `re` (`r
 with the Unicode categories of Python's `unicodedata`.
 """
 
+from collections.abc import Sequence
 import functools
 import gzip
 import html
@@ -88,6 +89,16 @@ def default_vocab_path() -> str:
   raise FileNotFoundError(
       f'CLIP\'s BPE vocabulary {VOCAB_FILE} was not found: install open_clip_torch (it ships '
       f'the file) or set {VOCAB_ENV} to the path of a copy')
+
+
+def write_vocab(path: str | os.PathLike[str], merges: Sequence[str] = ()) -> str:
+  """Writes a gzip-compressed BPE merges file of `merges` ('a b' each) and returns its path:
+  with none, a byte-level vocabulary (512 tokens and the two specials, ids that fit the `tiny`
+  CLIP). For tests and demos of random-initialised towers where CLIP's own file is absent."""
+  path = os.fspath(path)
+  with open(path, 'wb') as f:
+    f.write(gzip.compress(('#version: 0.2\n' + ''.join(f'{m}\n' for m in merges)).encode()))
+  return path
 
 
 @functools.cache

@@ -524,6 +524,27 @@ def load(path: str, config: CLIPConfig | None = None) -> tuple[CLIPConfig, Param
   return from_torch_state_dict(tensors, config, source=path)
 
 
+RANDOM_PREFIX = 'random:'
+
+
+def load_spec(spec: str) -> tuple[CLIPConfig, Params]:
+  """(config, params) of a `--clip_weights` value: a CLIP file (`load`), or
+  'random:<backbone>[:<seed>]' (backbone 'tiny' or a key of `model.CONFIGS`, seed default 0):
+  random-initialised weights for tests, demos and throughput runs (no download). Errors name
+  the value."""
+  if not spec.startswith(RANDOM_PREFIX):
+    return load(spec)
+  backbone, _, seed = spec[len(RANDOM_PREFIX):].partition(':')
+  try:
+    config = model_lib.backbone_config(backbone)
+    seed = int(seed or 0)
+  except ValueError:
+    raise ValueError(f'--clip_weights={spec}: expected {RANDOM_PREFIX}<backbone>[:<seed>], '
+                     f"backbone 'tiny' or one of {sorted(model_lib.CONFIGS)}") from None
+  init = jax.jit(model_lib.CLIP(config).init)
+  return config, init(jax.random.key(seed), *model_lib.example_inputs(config))['params']
+
+
 def into_model(params: Params, clip_params: Params, source: str = 'the CLIP weights') -> Params:
   """A model's params with CLIP's `visual`, `text` and `logit_scale` replaced by
   `clip_params` (a model that holds CLIP's towers under those names, e.g. T-MASS end to end);

@@ -48,7 +48,6 @@ THUMBNAILS = 'thumbnails'
 WORK = '.extract_work'
 OWNER = '.prvr_extract'  # in a collection folder prvr-extract created
 LOCK = '.extract.lock'
-RANDOM_PREFIX = 'random:'
 VIDEO_EXTENSIONS = ('.mp4', '.m4v', '.mov', '.mkv', '.webm', '.avi', '.mpg', '.mpeg', '.ts',
                     '.flv', '.wmv', '.ogv', '.3gp', '.y4m')
 KINDS = ('file', 'frames')
@@ -187,25 +186,18 @@ def load_weights(spec: str) -> Weights:
   Face; OpenAI's released file names verified by their published sha256), or
   'random:<backbone>[:<seed>]' (backbone 'tiny', 'ViT-B/32', 'ViT-B/16'), random-initialised
   weights for tests and throughput measurements. Errors end naming the flag."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from prvr_jax import clip  # pylint: disable=import-outside-toplevel
-  from prvr_jax.clip import model as clip_model  # pylint: disable=import-outside-toplevel
   from prvr_jax.clip import weights as weights_lib  # pylint: disable=import-outside-toplevel
   flag = f'--clip_weights={spec}'
   if not spec:
     raise ExtractError('--clip_weights is required: a CLIP weights file, or random:tiny for a '
                        'test run')
-  if spec.startswith(RANDOM_PREFIX):
-    backbone, _, seed = spec[len(RANDOM_PREFIX):].partition(':')
+  if spec.startswith(weights_lib.RANDOM_PREFIX):
     try:
-      config = clip_model.backbone_config(backbone)
-      seed = int(seed or 0)
+      config, params = weights_lib.load_spec(spec)
     except ValueError as e:
-      raise ExtractError(f'{e}\n({flag}: expected random:<backbone>[:<seed>], backbone one of '
-                         f"{sorted(clip_model.CONFIGS)} or 'tiny')") from None
-    init = jax.jit(clip.CLIP(config).init)
-    params = init(jax.random.key(seed), *clip_model.example_inputs(config))['params']
-    name = f'{RANDOM_PREFIX}{backbone}:{seed}'
+      raise ExtractError(str(e)) from None
+    backbone, _, seed = spec[len(weights_lib.RANDOM_PREFIX):].partition(':')
+    name = f'{weights_lib.RANDOM_PREFIX}{backbone}:{int(seed or 0)}'
     return Weights(config, params, backbone, name, name)
   path = os.path.abspath(spec)
   if not os.path.isfile(path):

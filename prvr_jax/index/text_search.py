@@ -52,7 +52,6 @@ MAX_QUERIES = 1024        # texts per `search` call
 MAX_TEXT_CHARS = 2000     # characters per text (its tokens are truncated as CLIP does)
 # clip_weights='random:<backbone>[:<seed>]': random initialisation (default seed 0), for tests;
 # the spelling of prvr-extract's --clip_weights.
-RANDOM_WEIGHTS = 'random:'
 SPAN_TIE_ATOL = 1e-6      # positions within this of the best one widen the span
 # Text features whose queries text search can make (a CLIP sentence vector per caption).
 SENTENCE_FEATURES = ('clip',)
@@ -77,26 +76,6 @@ class Hit:
   span: tuple[float, float] | None
   duration: float | None
   fraction: tuple[float, float] | None = None
-
-
-def clip_text_model(clip_weights: str) -> tuple[Any, Any]:
-  """(CLIPConfig, params) of `clip_weights`: a file (`prvr_jax.clip.weights.load`) or
-  'random:<backbone>[:<seed>]' (random initialisation, as prvr-extract's, default seed 0)."""
-  from prvr_jax import clip  # pylint: disable=g-import-not-at-top
-  from prvr_jax.clip import model as clip_model  # pylint: disable=g-import-not-at-top
-  if clip_weights.startswith(RANDOM_WEIGHTS):
-    name, _, seed = clip_weights[len(RANDOM_WEIGHTS):].partition(':')
-    try:
-      config = clip.backbone_config(name)
-      seed = int(seed or 0)
-    except ValueError:
-      raise ValueError(f'--clip_weights={clip_weights}: expected {RANDOM_WEIGHTS}<backbone>'
-                       f"[:<seed>], backbone 'tiny' or one of {sorted(clip.CONFIGS)}") from None
-    params = jax.jit(clip.CLIP(config).init)(jax.random.key(seed),
-                                             *clip_model.example_inputs(config))['params']
-    return config, params
-  from prvr_jax.clip import weights  # pylint: disable=g-import-not-at-top
-  return weights.load(clip_weights)
 
 
 def _fractions(curves: np.ndarray, real: np.ndarray) -> list[tuple[float, float] | None]:
@@ -160,7 +139,7 @@ class TextSearcher:
       if not self._clip_weights:
         raise ValueError(f'--index={index_dir}: model {self.spec.name} reads CLIP sentence '
                          'features: pass --clip_weights (a CLIP weights file, or '
-                         f'{RANDOM_WEIGHTS}tiny for a random test CLIP).')
+                         'random:tiny for a random test CLIP).')
     self.searcher = Searcher(self.index, mesh, query_batch_size=query_batch_size)
     self._span_curves = _span_function(self.index, self.searcher)
 
@@ -175,7 +154,8 @@ class TextSearcher:
   def _clip(self) -> tuple[Any, Any, Any]:
     """(CLIPConfig, params, jitted encode_text) for sentence features."""
     from prvr_jax import clip  # pylint: disable=g-import-not-at-top
-    config, params = clip_text_model(self._clip_weights)
+    from prvr_jax.clip import weights  # pylint: disable=g-import-not-at-top
+    config, params = weights.load_spec(self._clip_weights)
     dim = self.index.config_model.get('query_dim')
     if dim is not None and config.embed_dim != dim:
       raise ValueError(f'--clip_weights={self._clip_weights}: CLIP embeds text in '

@@ -536,3 +536,20 @@ def test_tokenizer_parity_with_open_clip():
   reference = open_clip.tokenizer.SimpleTokenizer()
   for caption in CAPTIONS:
     assert tok.encode(caption) == reference.encode(caption), caption
+
+
+def test_random_weights_spec_and_byte_vocabulary(tmp_path):
+  """`random:<backbone>[:<seed>]` gives CLIP's parameter tree (seeded), a bad one names the
+  value; `write_vocab` gives a vocabulary whose ids fit the tiny CLIP."""
+  config, params = weights.load_spec('random:tiny:3')
+  assert config == model_lib.TINY
+  assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, model_lib.param_shapes(config))
+  again = weights.load_spec('random:tiny:3')[1]
+  other = weights.load_spec('random:tiny')[1]
+  assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, again)))
+  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, params, other)))
+  with pytest.raises(ValueError, match=r'--clip_weights=random:huge: expected random:<backbone>'):
+    weights.load_spec('random:huge')
+  tokens = tokenizer_lib.Tokenizer(tokenizer_lib.write_vocab(tmp_path / 'v.txt.gz', ['c a']))(
+      ['a cat'], config.context_length)
+  assert tokens.shape == (1, config.context_length) and 0 < tokens.max() < config.vocab_size

@@ -3,7 +3,6 @@ extract manifest, no captions) indexed with `--split=all`, searched by text thro
 tiny CLIP; each hit's span is the best position's time range, equal to the `relevance` curve's
 argmax; bad input is refused naming the model or the flag."""
 
-import gzip
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import pytest
 from prvr_jax import checkpoint as checkpoint_lib
 from prvr_jax import clip
 from prvr_jax import index as index_lib
+from prvr_jax.clip import weights as clip_weights
 from prvr_jax.data import release
 from prvr_jax.index import IndexWriter
 from prvr_jax.index import text_search
@@ -32,10 +32,8 @@ DURATIONS = {'target': 24.0, 'short': 5.0, 'long': 40.0, 'other': 6.0, 'plain': 
 
 def _vocab(folder):
   """A CLIP BPE vocabulary of 512 byte tokens and a few merges (ids fit the tiny CLIP)."""
-  merges = ['c a', 'ca t</w>', 'd o', 'do g</w>']
-  path = folder / 'vocab.txt.gz'
-  path.write_bytes(gzip.compress(('#version: 0.2\n' + '\n'.join(merges) + '\n').encode()))
-  return str(path)
+  return clip.tokenizer.write_vocab(folder / 'vocab.txt.gz',
+                                    ['c a', 'ca t</w>', 'd o', 'do g</w>'])
 
 
 @pytest.fixture(scope='module')
@@ -43,7 +41,7 @@ def collection(tmp_path_factory):
   """(root, vocab, the query's text vector): a collection as prvr-extract writes it."""
   folder = tmp_path_factory.mktemp('text_search')
   vocab = _vocab(folder)
-  config, params = text_search.clip_text_model('random:tiny')
+  config, params = clip_weights.load_spec('random:tiny')
   tokens = clip.Tokenizer(vocab)([QUERY], config.context_length, truncate=True)
   text = np.asarray(clip.CLIP(config).apply({'params': params}, tokens,
                                             method='encode_text'))[0]

@@ -2,7 +2,6 @@
 hand, an evaluation through the Evaluator, index search against the evaluator's ranking, and
 the 'nothing to train' path (train.py refuses; evaluate.py runs without a checkpoint)."""
 
-import gzip
 import json
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 
 from prvr_jax import clip
 from prvr_jax import train
+from prvr_jax.clip import tokenizer
 from prvr_jax.eval import EvalSplit, Evaluator
 from prvr_jax.index import Searcher, build_index
 from prvr_jax.models import clip_zero_shot, registry
@@ -189,10 +189,7 @@ def test_nothing_to_train(tmp_path):
 
 def _hand_made_vocab(tmp_path):
   """A CLIP BPE vocabulary of 512 byte tokens and a few merges (as tests/clip makes one)."""
-  merges = ['c a', 'ca t</w>', 'd o', 'do g</w>']
-  path = tmp_path / 'vocab.txt.gz'
-  path.write_bytes(gzip.compress(('#version: 0.2\n' + '\n'.join(merges) + '\n').encode()))
-  return str(path)
+  return tokenizer.write_vocab(tmp_path / 'vocab.txt.gz', ['c a', 'ca t</w>', 'd o', 'do g</w>'])
 
 
 def test_evaluate_a_clip_release_without_a_checkpoint(tiny_clip, tmp_path, monkeypatch):

@@ -443,7 +443,6 @@ def test_the_page_in_headless_chromium(site, tmp_path):
 
 # -- the real searcher -----------------------------------------------------------------------
 
-_HAS_TEXT_SEARCH = importlib.util.find_spec('prvr_jax.index.text_search') is not None
 REAL_QUERY = 'a cat'
 REAL_LENGTHS = {'target': 8, 'other': 6, 'third': 4}  # frame rows per video
 
@@ -453,16 +452,15 @@ def real_index(tmp_path_factory):
   """(index folder, vocabulary, collection folder, videos folder): three videos of random
   CLIP rows as prvr-extract writes them ('target' holds the query's text vector at rows 2-3
   of 8), indexed by zero-shot CLIP (max pooling) through a random tiny CLIP."""
-  import gzip  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from prvr_jax import clip  # pylint: disable=g-import-not-at-top
   from prvr_jax import index as index_lib  # pylint: disable=g-import-not-at-top
+  from prvr_jax.clip import weights as clip_weights  # pylint: disable=g-import-not-at-top
   from prvr_jax.data import release  # pylint: disable=g-import-not-at-top
-  from prvr_jax.index import text_search  # pylint: disable=g-import-not-at-top
   folder = tmp_path_factory.mktemp('serve_real')
-  vocab = folder / 'vocab.txt.gz'  # byte tokens and one merge: ids the tiny CLIP embeds
-  vocab.write_bytes(gzip.compress(b'#version: 0.2\nc a\nca t</w>\n'))
-  config, params = text_search.clip_text_model('random:tiny')
+  # byte tokens and one merge: ids the tiny CLIP embeds
+  vocab = pathlib.Path(clip.tokenizer.write_vocab(folder / 'vocab.txt.gz', ['c a', 'ca t</w>']))
+  config, params = clip_weights.load_spec('random:tiny')
   tokens = clip.Tokenizer(str(vocab))([REAL_QUERY], config.context_length, truncate=True)
   text = np.asarray(clip.CLIP(config).apply({'params': params}, tokens,
                                             method='encode_text'))[0]
@@ -498,8 +496,6 @@ def real_index(tmp_path_factory):
   return built.path, str(vocab), collection, str(videos)
 
 
-@pytest.mark.skipif(not _HAS_TEXT_SEARCH, reason='prvr_jax.index.text_search (TextSearcher, '
-                    'issue 56 "search by text") is not in this checkout yet')
 def test_the_real_text_searcher_through_the_api(real_index):
   """The API answers what `TextSearcher.search` answers (spans in seconds included), serves
   the collection's thumbnails and the video under --videos, and no source elsewhere."""

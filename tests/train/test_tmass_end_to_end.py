@@ -1,7 +1,6 @@
 """T-MASS end to end through train.py's loop: CLIP (the tiny stand-in) fine-tuned on frame
 folders and tokenised captions (`config.data.source='frames'`), then evaluated."""
 
-import gzip
 import json
 import os
 
@@ -14,6 +13,7 @@ import support
 tf = support.require_tensorflow()
 
 from prvr_jax import checkpoint, models, parallel, train
+from prvr_jax.clip import tokenizer
 from prvr_jax.data import text_video
 from prvr_jax.data import text_video_features
 from prvr_jax.data.release import DataError
@@ -41,9 +41,7 @@ def _dataset(root):
     for i in range(3):
       image = rng.integers(0, 256, size=(40, 48, 3), dtype=np.uint8)
       (frames / video / f'{i:03d}.png').write_bytes(tf.io.encode_png(image).numpy())
-  vocab = root / 'vocab.txt.gz'
-  vocab.write_bytes(gzip.compress(('#version: 0.2\n' + '\n'.join(MERGES) + '\n').encode()))
-  return str(anno), str(frames), str(vocab)
+  return str(anno), str(frames), tokenizer.write_vocab(root / 'vocab.txt.gz', MERGES)
 
 
 @pytest.mark.slow
