@@ -17,7 +17,8 @@ skipped with its reason, never stopping the others. `read_manifest` is the one r
 manifest.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import contextlib
 import dataclasses
 import io
 import json
@@ -514,7 +515,17 @@ def _remove_ours(collection_dir: str) -> None:
     for name in os.listdir(feature_dir):
       if name.startswith('new_clip_vit_32_') and name.endswith('_vid_features.hdf5'):
         os.remove(os.path.join(feature_dir, name))
-  for folder in (os.path.join(collection_dir, THUMBNAILS), feature_dir):
+  text_dir = os.path.join(collection_dir, 'TextData')
+  owned_path = os.path.join(text_dir, CAPTIONS_OWNER)
+  if os.path.isfile(owned_path):  # captions encoded with the earlier weights (add_captions)
+    with open(owned_path, encoding='utf-8') as f:
+      names = [n for n in json.load(f).get('files', []) if n.endswith('.caption.txt')]
+    query_file = release.Layout(collection_dir, os.path.basename(collection_dir), None,
+                                'clip').query_feature_path
+    for path in [os.path.join(text_dir, n) for n in names] + [query_file, owned_path]:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+  for folder in (os.path.join(collection_dir, THUMBNAILS), feature_dir, text_dir):
     if os.path.isdir(folder) and not os.listdir(folder):
       os.rmdir(folder)
   shutil.rmtree(work, ignore_errors=True)
@@ -745,6 +756,131 @@ def summary(result: Result) -> str:
   else:
     lines.append('skipped: none')
   return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------- captions
+
+CAPTIONS_OWNER = '.prvr_captions'  # in TextData/: the caption files add_captions wrote
+TEXT_BATCH_SIZE = 256
+
+
+def _caption_paths(captions: Mapping[str, str]) -> dict[str, str]:
+  """split -> caption file of `--captions=split:path` values (or a mapping), checked."""
+  out = {}
+  for split, path in captions.items():
+    flag = f'--captions={split}:{path}'
+    if not split or not split.isidentifier():
+      raise ExtractError(f'{flag}: the split must be a name such as train, val or test')
+    if split in out:
+      raise ExtractError(f'{flag}: split {split} is given twice')
+    if not os.path.isfile(path):
+      raise ExtractError(f'{flag}: no such caption file')
+    out[split] = os.path.abspath(path)
+  if not out:
+    raise ExtractError('--captions: give at least one split:path')
+  return out
+
+
+def parse_captions_flag(values: Sequence[str]) -> dict[str, str]:
+  """`['train:a.txt', 'test:b.txt']` -> {'train': 'a.txt', 'test': 'b.txt'} (order kept)."""
+  out = {}
+  for value in values:
+    split, sep, path = value.partition(':')
+    if not sep or not path:
+      raise ExtractError(f'--captions={value}: expected split:path, e.g. train:captions.txt')
+    if split in out:
+      raise ExtractError(f'--captions={value}: split {split} is given twice')
+    out[split] = path
+  return out
+
+
+def encode_texts(weights: Weights, tokens: np.ndarray,
+                 batch_size: int = TEXT_BATCH_SIZE) -> np.ndarray:
+  """CLIP's text tower over `[N, C]` tokens in fixed-size batches (one compiled program):
+  `[N, E]` float32, unnormalised (`encode_text`, the released sentence vectors' form)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from prvr_jax import clip  # pylint: disable=import-outside-toplevel
+  params = {k: v for k, v in weights.params.items() if k != 'visual'}
+  encode = jax.jit(lambda p, t: clip.CLIP(weights.config).apply({'params': p}, t,
+                                                               method='encode_text'))
+  out = []
+  for start in range(0, len(tokens), batch_size):
+    batch = tokens[start:start + batch_size]
+    padded = np.zeros((batch_size, tokens.shape[1]), tokens.dtype)
+    padded[:len(batch)] = batch
+    out.append(np.asarray(encode(params, padded), np.float32)[:len(batch)])
+  return np.concatenate(out) if out else np.zeros((0, weights.config.embed_dim), np.float32)
+
+
+def add_captions(collection_dir: str, captions: Mapping[str, str], clip_weights: str = '',
+                 weights: Weights | None = None, vocab: str | None = None) -> dict[str, int]:
+  """Adds caption splits to an extracted collection, so that it trains and evaluates like a
+  release: `TextData/<collection><split>.caption.txt` (the given files' captions, release
+  format `<video_id>#<n> <caption>`) and `TextData/clip_ViT_B_32_<collection>_query_feat.hdf5`
+  (one CLIP sentence vector per caption: the text tower of the weights the videos were
+  extracted with, captions over CLIP's context cut as open_clip cuts them).
+
+  `captions`: split -> caption file. Every caption's video must be in the collection and every
+  caption id unique over the splits (else `DataError` naming the file and the id); the weights
+  must be the manifest's (else `ExtractError` naming --clip_weights). Caption files written
+  by an earlier call are replaced; any other caption file in `TextData/` is refused. Returns
+  split -> number of captions.
+  """
+  from prvr_jax.clip import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  collection_dir = os.path.abspath(os.fspath(collection_dir))
+  manifest = read_manifest(collection_dir)
+  paths = _caption_paths(captions)
+  weights = weights or load_weights(clip_weights)
+  if weights.sha256 != manifest['weights']['sha256']:
+    raise ExtractError(f'--clip_weights={clip_weights or weights.path}: sha256 {weights.sha256} '
+                       f'is not that of the weights the videos were extracted with '
+                       f'({manifest["weights"]["sha256"]}, {MANIFEST}): captions and videos '
+                       'must share one CLIP space')
+  collection = manifest['collection']
+  layout = release.Layout(collection_dir, collection, None, 'clip')
+  items, first_file = {}, {}
+  for split, path in paths.items():
+    items[split] = release.read_captions(path)
+    for cap_id, _ in items[split]:
+      if release.video_id_of(cap_id) not in manifest['videos']:
+        raise DataError(f'{path}: caption {files.short(cap_id)}: video '
+                        f'{files.short(release.video_id_of(cap_id))} is not in the collection '
+                        f'({os.path.join(collection_dir, MANIFEST)})')
+      if cap_id in first_file:
+        raise DataError(f'{path}: caption id {files.short(cap_id)} is also in '
+                        f'{first_file[cap_id]}')
+      first_file[cap_id] = path
+  with files.folder_lock(collection_dir, LOCK, 'extraction', '--collection'):
+    owned_path = os.path.join(layout.text_dir, CAPTIONS_OWNER)
+    owned = set()
+    if os.path.isfile(owned_path):
+      with open(owned_path, encoding='utf-8') as f:
+        owned = set(json.load(f).get('files', []))
+    targets = {os.path.basename(layout.caption_path(split)) for split in paths}
+    present = set(os.listdir(layout.text_dir)) if os.path.isdir(layout.text_dir) else set()
+    foreign = sorted(n for n in present
+                     if n.endswith('.caption.txt') and n not in owned and n not in targets)
+    if foreign:
+      raise ExtractError(f'{layout.text_dir} holds caption files prvr-extract did not write '
+                         f'({", ".join(foreign)}): give their split with --captions or remove '
+                         'them')
+    texts = [caption for split in paths for _, caption in items[split]]
+    tokens = tokenizer_lib.Tokenizer(vocab)(texts, weights.config.context_length, truncate=True)
+    vectors = encode_texts(weights, tokens)
+    cap_ids = [cap_id for split in paths for cap_id, _ in items[split]]
+    os.makedirs(layout.text_dir, exist_ok=True)
+    for name in owned - targets:  # ours, of a split not given now: it would be stale
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(layout.text_dir, name))
+    files.write_json(owned_path, {'files': sorted(targets)})
+    for split in paths:
+      tmp = layout.caption_path(split) + '.tmp'
+      release.write_captions(tmp, items[split])
+      os.replace(tmp, layout.caption_path(split))
+    tmp = layout.query_feature_path + '.tmp'
+    release.write_caption_features(tmp, dict(zip(cap_ids, vectors)))
+    os.replace(tmp, layout.query_feature_path)
+  return {split: len(items[split]) for split in paths}
 
 
 # ----------------------------------------------------------------------------- the manifest

@@ -673,6 +673,13 @@ class Release:
       expected = ', '.join(self.layout.caption_path(s) for s in _SPLIT_ORDER)
       raise FileNotFoundError(f'no caption files in {self.layout.text_dir}; expected {expected}')
     else:
+      if self.layout.frame_map and not os.path.isfile(self.layout.frame_map_path):
+        raise FileNotFoundError(
+            f'{self.layout.frame_map_path} does not exist: the CLIP rows are read along the '
+            f'frame timeline of FeatureData/{self.layout.frame_map} (the MS-SL frame list of '
+            "AMDNet's release), which a collection of your own videos (prvr-extract) does not "
+            f'have; read its rows as stored with --config.data.frame_map= (config.data.'
+            f'frame_map={self.layout.frame_map!r})')
       _require_files(self.layout.feature_files(),
                      f'release {collection_dir} ({text_feature} layout)')
     self._splits: dict[str, ReleaseSplit] = {}

@@ -6,6 +6,9 @@ r"""CLIP features of your own videos (`prvr-extract`, or `python -m prvr_jax.too
   # A list of paths (one per line), 2 rows per second, frame folders extracted at 5 fps:
   prvr-extract --videos=list.txt --out=/feats --collection=mine \
       --clip_weights=/weights/clip/model.safetensors --fps=2 --frames_fps=5
+  # Caption splits (`<video_id>#<n> <caption>` lines) -> TextData, to train and evaluate on it:
+  prvr-extract --out=/feats --collection=mine --clip_weights=/weights/clip/ViT-B-32.state_dict.pt \
+      --captions=train:train.txt --captions=val:val.txt --captions=test:test.txt
   # A test run with a random-initialised tiny CLIP (no weights needed):
   prvr-extract --videos=/tmp/videos --out=/tmp/feats --collection=test --clip_weights=random:tiny
 
@@ -15,6 +18,8 @@ again to resume an interrupted extraction; --restart starts over. Files that can
 are skipped and listed at the end (and in the manifest's "skipped"); the exit status is 0
 when the run finished, whatever it skipped.
 """
+
+import os
 
 from absl import app
 from absl import flags
@@ -46,6 +51,13 @@ def define_flags() -> None:
                     'of this collection and start over; only files prvr-extract wrote are '
                     'removed.')
   flags.DEFINE_bool('progress', True, 'Show a progress bar (stderr).')
+  flags.DEFINE_multi_string(
+      'captions', None, 'split:path of a caption file (`<video_id>#<n> <caption>` lines), '
+      'repeated per split: writes the collection\'s TextData (caption files and CLIP sentence '
+      'vectors from the same weights) so that it trains and evaluates like a release. Without '
+      '--videos: added to an extracted collection.')
+  flags.DEFINE_string('clip_vocab', None, 'CLIP\'s BPE vocabulary for --captions (default '
+                      'PRVR_CLIP_VOCAB or open_clip\'s copy).')
   runtime.define_flags()
 
 
@@ -53,8 +65,8 @@ def _main(argv: list[str]) -> None:
   del argv
   from prvr_jax.data import extract  # pylint: disable=g-import-not-at-top
   from prvr_jax.data import frames  # pylint: disable=g-import-not-at-top
-  missing = [f'--{name}' for name in ('videos', 'out', 'collection', 'clip_weights')
-             if not FLAGS[name].value]
+  required = ('out', 'collection', 'clip_weights') + (() if FLAGS.captions else ('videos',))
+  missing = [f'--{name}' for name in required if not FLAGS[name].value]
   if missing:
     raise app.UsageError(f'{", ".join(missing)} required.')
   # The compilation cache only where --compilation_cache_dir asks: nothing outside --out.
@@ -62,13 +74,20 @@ def _main(argv: list[str]) -> None:
   runtime.start(cache if cache is not None else '')
   frames.keep_tf_off_accelerators()
   try:
-    result = extract.extract(FLAGS.videos, FLAGS.out, FLAGS.collection, FLAGS.clip_weights,
-                             fps=FLAGS.fps, frames_fps=FLAGS.frames_fps,
-                             batch_size=FLAGS.batch_size, restart=FLAGS.restart,
-                             progress=FLAGS.progress)
+    captions = extract.parse_captions_flag(FLAGS.captions or [])
+    weights = extract.load_weights(FLAGS.clip_weights)
+    if FLAGS.videos:
+      result = extract.extract(FLAGS.videos, FLAGS.out, FLAGS.collection, FLAGS.clip_weights,
+                               fps=FLAGS.fps, frames_fps=FLAGS.frames_fps,
+                               batch_size=FLAGS.batch_size, restart=FLAGS.restart,
+                               progress=FLAGS.progress, weights=weights)
+      print(extract.summary(result))
+    if captions:
+      counts = extract.add_captions(os.path.join(FLAGS.out, FLAGS.collection), captions,
+                                    FLAGS.clip_weights, weights=weights, vocab=FLAGS.clip_vocab)
+      print('captions: ' + ', '.join(f'{split} {n}' for split, n in counts.items()))
   except extract.ExtractError as e:
     raise app.UsageError(str(e)) from None
-  print(extract.summary(result))
 
 
 def main() -> None:

@@ -290,3 +290,71 @@ def test_rows_without_a_frame_repeat_the_previous(run, weights, tmp_path):
   np.testing.assert_array_equal(rows[1], rows[0])
   np.testing.assert_array_equal(rows[3], rows[2])
   assert not np.array_equal(rows[2], rows[0])
+
+
+def test_captions_make_the_collection_a_release(run, weights, tmp_path):
+  """--captions: caption files and the text tower's sentence vectors, read back by the release
+  reader as a training release; bad captions and other weights refused by name; stale files of
+  an earlier call removed, the user's kept."""
+  collection_dir = tmp_path / 'mine'
+  shutil.copytree(run['result'].collection_dir, collection_dir)
+  vocab = clip.tokenizer.write_vocab(tmp_path / 'vocab.txt.gz')
+  texts = {'train': ['video00#0 a red square', 'video02#0 a blue circle',
+                     'video03#0 a green line'],
+           'val': ['inside_link#0 a small dot'], 'test': ['video00#1 the end']}
+  paths = {}
+  for split, lines in texts.items():
+    paths[split] = tmp_path / f'{split}.txt'
+    paths[split].write_text('\n'.join(lines) + '\n')
+  counts = extract.add_captions(str(collection_dir), paths, weights=weights, vocab=vocab)
+  assert counts == {'train': 3, 'val': 1, 'test': 1}
+  data = release.Release(str(tmp_path), 'mine', None, 'clip')
+  assert set(data.splits) == {'train', 'val', 'test'}
+  captions = [caption for lines in texts.values() for caption in lines]
+  tokens = clip.Tokenizer(vocab)([c.split(' ', 1)[1] for c in captions],
+                                 weights.config.context_length, truncate=True)
+  expected = np.asarray(clip.CLIP(weights.config).apply({'params': weights.params}, tokens,
+                                                        method='encode_text'))
+  layout = release.Layout(str(collection_dir), 'mine', None, 'clip')
+  with release.CaptionFeatures(layout.query_feature_path) as features:
+    for row, caption in enumerate(captions):
+      support.assert_close(features.read(caption.split()[0]).ravel(), expected[row], 1e-5)
+  # A caption of a video the collection lacks, a duplicate id, other weights: refused by name.
+  bad = tmp_path / 'bad.txt'
+  bad.write_text('nosuch#0 a cat\n')
+  with pytest.raises(release.DataError,
+                     match=r"bad.txt: caption 'nosuch#0': video 'nosuch' is not"):
+    extract.add_captions(str(collection_dir), {'train': bad}, weights=weights, vocab=vocab)
+  with pytest.raises(release.DataError, match=r"caption id 'video00#0' is also in .*train.txt"):
+    extract.add_captions(str(collection_dir), {'train': paths['train'], 'val': paths['train']},
+                         weights=weights, vocab=vocab)
+  with pytest.raises(extract.ExtractError, match=r'--clip_weights=random:tiny:1: sha256'):
+    extract.add_captions(str(collection_dir), paths, 'random:tiny:1', vocab=vocab)
+  # Again with train only: our val / test files go (they would be stale), the user's stay.
+  notes = os.path.join(layout.text_dir, 'notes.md')
+  with open(notes, 'w', encoding='utf-8') as f:
+    f.write('the user\'s')
+  extract.add_captions(str(collection_dir), {'train': paths['train']}, weights=weights,
+                       vocab=vocab)
+  assert sorted(os.listdir(layout.text_dir)) == sorted(
+      [extract.CAPTIONS_OWNER, 'minetrain.caption.txt', 'notes.md',
+       os.path.basename(layout.query_feature_path)])
+  foreign = os.path.join(layout.text_dir, 'minetest.caption.txt')
+  shutil.copy(paths['test'], foreign)
+  with pytest.raises(extract.ExtractError, match='minetest.caption.txt\\): give their split'):
+    extract.add_captions(str(collection_dir), {'train': paths['train']}, weights=weights,
+                         vocab=vocab)
+  # --restart (other weights may follow) removes the captions' vectors with the videos.
+  os.remove(foreign)
+  extract.extract(str(run['videos']), str(tmp_path), 'mine', '', frames_fps=RATE, batch_size=8,
+                  restart=True, progress=False, weights=weights)
+  assert sorted(os.listdir(layout.text_dir)) == ['notes.md']
+
+
+def test_captions_flag_parsing():
+  assert extract.parse_captions_flag(['train:a.txt', 'test:/x/b:c.txt']) == {
+      'train': 'a.txt', 'test': '/x/b:c.txt'}
+  with pytest.raises(extract.ExtractError, match='--captions=a.txt: expected split:path'):
+    extract.parse_captions_flag(['a.txt'])
+  with pytest.raises(extract.ExtractError, match='--captions=train:b.txt: split train is given'):
+    extract.parse_captions_flag(['train:a.txt', 'train:b.txt'])
