@@ -62,6 +62,16 @@ def listing(items: Sequence[str], indent: str = '  ', limit: int = 10,
 Writer = Callable[[BinaryIO], Any]
 
 
+def read_json(path: str, error: type[Exception] = ValueError) -> Any:
+  """The JSON value of the file `path`; `error('<path> is not valid JSON (...)')` if it is not
+  (bad syntax or not UTF-8)."""
+  try:
+    with open(path, 'rb') as f:
+      return json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise error(f'{path} is not valid JSON ({e}).') from None
+
+
 def json_writer(obj: Any) -> Writer:
   """Writes `obj` as indented JSON with sorted keys."""
   return lambda f: f.write((json.dumps(obj, indent=2, sort_keys=True) + '\n').encode('utf-8'))

@@ -912,11 +912,7 @@ def read_manifest(collection_dir: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path}: no extraction manifest (run prvr-extract, or finish the '
                             'interrupted run by running it again)')
-  try:
-    with open(path, encoding='utf-8') as f:
-      manifest = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise DataError(f'{path}: not a JSON file ({e})') from None
+  manifest = files.read_json(path, DataError)
   _require(isinstance(manifest, dict), path, '(top level)', 'an object', manifest)
   _require(manifest.get('format') == FORMAT, path, 'format', repr(FORMAT),
            manifest.get('format'))

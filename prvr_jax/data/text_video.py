@@ -10,7 +10,6 @@ against the official code and the errors: docs/text_video_data.md.
 import collections
 import csv
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from prvr_jax import files
 from prvr_jax.data import release as release_lib
 from prvr_jax.files import short
 
@@ -162,11 +162,7 @@ def _csv_table(path: str, columns: Sequence[str], what: str) -> Iterator[tuple[i
 
 def _msrvtt_sentences(path: str) -> list[tuple[str, str, str]]:
   """(sen_id, video_id, caption) of every entry of MSRVTT_data.json's 'sentences', in order."""
-  try:
-    with open(path, 'rb') as f:
-      db = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise DataError(f'{path}: not a JSON file ({e})') from None
+  db = files.read_json(path, DataError)
   sentences = db.get('sentences') if isinstance(db, dict) else None
   if not isinstance(sentences, list):
     raise DataError(f'{path}: expected an object with a "sentences" list '

@@ -317,11 +317,7 @@ class CandidateIndex:
     if not os.path.isfile(meta_path):
       raise FileNotFoundError(f'{meta_path} does not exist: no candidate index was saved in '
                               f'{path}, or its save did not finish.')
-    try:
-      with open(meta_path, encoding='utf-8') as f:
-        meta = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise IndexFormatError(f'{meta_path} is not valid JSON ({e}).') from None
+    meta = files.read_json(meta_path, IndexFormatError)
     if (not isinstance(meta, dict) or meta.get('format') != FORMAT
         or meta.get('format_version') != FORMAT_VERSION or meta.get('kind') not in KINDS):
       raise IndexFormatError(f'{meta_path} is not a {FORMAT} file of version '

@@ -474,11 +474,7 @@ def _manifest(path: str) -> dict[str, Any]:
   if not os.path.isfile(manifest_path):
     raise IndexFormatError(f'{path} holds no {MANIFEST}: not an index, or its build did not '
                            'finish.')
-  try:
-    with open(manifest_path, encoding='utf-8') as f:
-      manifest = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise IndexFormatError(f'{manifest_path} is not valid JSON ({e}).') from None
+  manifest = files.read_json(manifest_path, IndexFormatError)
   if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
     raise IndexFormatError(f'{manifest_path} is not a {FORMAT} manifest.')
   if manifest.get('format_version') != FORMAT_VERSION:
