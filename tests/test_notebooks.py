@@ -14,10 +14,11 @@ import traceback
 
 import pytest
 
+import support
 from support import REPO
 
 EXAMPLES = REPO / 'examples'
-NOTEBOOKS = ('layers_in_your_model.ipynb', 'evaluate_and_look.ipynb')
+NOTEBOOKS = ('layers_in_your_model.ipynb', 'evaluate_and_look.ipynb', 'your_videos.ipynb')
 
 
 def code_cells(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -76,6 +77,41 @@ def test_evaluate_notebook(sandbox, monkeypatch, reference_run):
   test_metrics = json.loads((reference_run / 'test_metrics.json').read_text())
   assert namespace['result'].metrics['num_queries'] == test_metrics['num_queries']
   assert pathlib.Path(namespace['out_dir']).parent == sandbox
+
+
+def test_your_videos_notebook(sandbox, monkeypatch):
+  """The synthetic default: 12 videos extracted with a random tiny CLIP, indexed zero-shot,
+  searched by text with spans inside each video, and the page's API answering as the
+  searcher does."""
+  support.require_tensorflow()
+  pytest.importorskip('av', reason='video files need PyAV: pip install prvr_jax[video]')
+  for name in ('PRVR_CLIP_WEIGHTS', 'PRVR_CLIP_VOCAB', 'PRVR_VIDEOS'):
+    monkeypatch.delenv(name, raising=False)
+  namespace = run_notebook(EXAMPLES / 'your_videos.ipynb')
+  assert pathlib.Path(namespace['WORK']).parent == sandbox
+  manifest = namespace['manifest']
+  assert len(manifest['videos']) == 12 and manifest['skipped'] == {}
+  assert manifest['embed_dim'] == 32 and manifest['weights']['path'] == 'random:tiny:0'
+  for video in manifest['videos'].values():
+    assert video['duration'] == pytest.approx(3.0, abs=1e-3) and video['rows'] == 3
+  assert len(namespace['index']) == 12
+  found = namespace['found']
+  assert [len(hits) for hits in found] == [3, 3]
+  for hits in found:
+    assert [h.rank for h in hits] == [1, 2, 3]
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    for hit in hits:  # max pooling over 3 one-second rows: a whole second of the video
+      duration = manifest['videos'][hit.video]['duration']
+      assert hit.duration == pytest.approx(duration)
+      assert 0 <= hit.span[0] < hit.span[1] <= duration + 1e-6, hit
+      assert hit.span[1] - hit.span[0] >= 1 - 1e-6, hit
+  results = namespace['answer']['results']
+  assert [(r['rank'], r['video']) for r in results] == [(h.rank, h.video) for h in found[0]]
+  for result, hit in zip(results, found[0]):
+    assert result['span'] == pytest.approx(list(hit.span))
+    assert result['score'] == pytest.approx(hit.score, rel=1e-5, abs=1e-6)
+    assert result['video_url'] == f'/video/{hit.video}'
+  assert namespace['thumbnail'][:2] == b'\xff\xd8'  # a JPEG
 
 
 def test_failing_cell_is_named(sandbox, tmp_path):
