@@ -6,6 +6,7 @@
   searcher.video_info(hits[0].video)   # {'duration', 'source', 'thumbnail'} (None: unknown)
 
 Texts become the model's query inputs as its data would hold them:
+
 * models reading CLIP `tokens` (T-MASS, clip_zero_shot `text_tower`): CLIP's BPE, truncated to
   the context length; the model's own text tower encodes them.
 * models reading CLIP sentence features (the `*_clip` variants, AMDNet, clip_zero_shot on a
@@ -15,6 +16,7 @@ Texts become the model's query inputs as its data would hold them:
   gives one sentence vector per text, L2-normalised where the index's data normalised its
   query features, put as the one token of `query_feats [Q, max_query_len, Dq]` with its
   `query_mask`.
+
 Models whose queries are token features of another encoder (RoBERTa: `text_feature` 'roberta',
 or per-token CLIP features 'clip_text', MSC-PRVR's own files) are refused: no text encoder of
 theirs is here. Then the model's `encode_queries` and exact search (`Searcher`).
@@ -22,6 +24,7 @@ theirs is here. Then the model's `encode_queries` and exact search (`Searcher`).
 Spans (`span_fractions`): for models whose score is a max over positions covering the video
 evenly (`ModelSpec.relevance`), from the stored rows of each hit, exactly the curve
 `relevance` gives (tests/index/test_text_search.py):
+
 * clip_zero_shot (`max`, `topk`): the stored frames, cosine per real frame; `mean` has none.
 * GMMFormer, GMMFormer v2, HLFormer, Holmes, DreamPRVR, AMDNet: the clip cosine
   (`relevance`'s 'clip cosine'). AMDNet's learned span masks are not stored in an index: its
@@ -29,6 +32,7 @@ evenly (`ModelSpec.relevance`), from the stored rows of each hit, exactly the cu
 * MS-SL: its best multi-scale clip, whose range of clips is the span (`relevance`'s
   per-position curve is that clip's cosine at each position it covers).
 * others (ProtoPRVR, RAL, T-MASS, MSC-PRVR): None.
+
 Position i of n real positions covers [i/n, (i+1)/n] of the video; the span is the best
 position's range, widened over the neighbouring positions that score the same (within
 `SPAN_TIE_ATOL`), times the duration the index recorded (None when unknown).
@@ -50,8 +54,6 @@ from prvr_jax.models.spec import position_scores
 
 MAX_QUERIES = 1024        # texts per `search` call
 MAX_TEXT_CHARS = 2000     # characters per text (its tokens are truncated as CLIP does)
-# clip_weights='random:<backbone>[:<seed>]': random initialisation (default seed 0), for tests;
-# the spelling of prvr-extract's --clip_weights.
 SPAN_TIE_ATOL = 1e-6      # positions within this of the best one widen the span
 # Text features whose queries text search can make (a CLIP sentence vector per caption).
 SENTENCE_FEATURES = ('clip',)
