@@ -9,18 +9,22 @@ one warm-up extraction of one video (compiles the encoder), then extracts all of
 random-initialised CLIP weights of `--backbone` (the same compute as the released weights) on
 whatever devices JAX sees, and prints one markdown row of docs/extract.md's table: the
 machine (CPU model from lscpu, or the accelerator), the load average, videos per minute, rows
-per second, and the shares of decoding (+ sampling and CLIP preprocessing) and encoding. The
-numbers are also written as JSON to `<root>/extract_benchmark.json`.
+per second, and the shares of decoding (+ sampling and CLIP preprocessing) and encoding, and
+the encoder's rate (XLA's FLOP count of the image tower times the rows encoded, over the
+encoding seconds) as a share of the float32 matmul peak measured in the same run
+(`common.matmul_peak_gflops`). The numbers are also written as JSON to
+`<root>/extract_benchmark.json`.
 """
 
 import json
 import os
 import shutil
-import subprocess
 import time
 
 from absl import app
 from absl import flags
+
+import common  # benchmarks/common.py
 
 _ROOT = flags.DEFINE_string('root', None, 'Videos, collections and the JSON go here.')
 _COUNT = flags.DEFINE_integer('count', 8, 'Videos extracted (after one warm-up video).')
@@ -34,17 +38,23 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'prvr-extract --batch_size.')
 
 
 def _machine() -> str:
+  info = common.machine()
+  if info['platform'] != 'cpu':
+    return f'{info["device_count"]} x {info["device"]}'
+  return f'{info["cpu"]}, {info["cpu_count"]} cores'
+
+
+def _flops_per_image(weights, batch_size: int) -> float:
+  """XLA's FLOP count of CLIP's image tower on one image (a `batch_size` batch / batch_size)."""
   import jax  # pylint: disable=import-outside-toplevel
-  device = jax.devices()[0]
-  if device.platform != 'cpu':
-    return f'{len(jax.devices())} x {device.device_kind}'
-  try:
-    out = subprocess.run(['lscpu'], capture_output=True, text=True, check=True).stdout
-    model = next(line.split(':', 1)[1].strip() for line in out.splitlines()
-                 if line.startswith('Model name'))
-  except (OSError, subprocess.CalledProcessError, StopIteration):
-    model = 'unknown CPU'
-  return f'{model}, {len(os.sched_getaffinity(0))} cores'
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from prvr_jax import clip  # pylint: disable=import-outside-toplevel
+  size = weights.config.image_size
+  params = {k: v for k, v in weights.params.items() if k != 'text'}
+  encode = jax.jit(lambda p, x: clip.CLIP(weights.config).apply({'params': p}, x,
+                                                                method='encode_image'))
+  images = jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32)
+  return common.compiled_flops(encode.lower(params, images).compile()) / batch_size
 
 
 def _main(argv: list[str]) -> None:
@@ -76,6 +86,8 @@ def _main(argv: list[str]) -> None:
   result = extract.extract(lists['timed'], out, 'timed', '', **kwargs)
   total = time.perf_counter() - start
   load_after = os.getloadavg()[0]
+  peak = common.matmul_peak_gflops()
+  flops = _flops_per_image(weights, _BATCH.value)
   count = len(result.manifest['videos'])
   rows = sum(v['rows'] for v in result.manifest['videos'].values())
   numbers = {
@@ -86,14 +98,19 @@ def _main(argv: list[str]) -> None:
       'videos_per_minute': 60 * count / total, 'rows_per_second': rows / total,
       'decode_seconds': result.timings['decode'], 'encode_seconds': result.timings['encode'],
       'load_average': [load_before, load_after], 'skipped': result.manifest['skipped'],
+      'encoder_gflop_per_image': flops / 1e9, 'matmul_peak_gflops': peak,
   }
+  numbers['encoder_gflops'] = rows * flops / 1e9 / result.timings['encode']
+  numbers['encoder_share_of_peak'] = numbers['encoder_gflops'] / peak
   with open(os.path.join(root, 'extract_benchmark.json'), 'w', encoding='utf-8') as f:
     json.dump(numbers, f, indent=2)
   print(json.dumps(numbers, indent=2))
   print(f'| {numbers["machine"]} | {numbers["backbone"]} (random) | {numbers["video"]} | '
         f'{_FPS.value:g} | {count} | {numbers["videos_per_minute"]:.1f} | '
         f'{numbers["rows_per_second"]:.1f} | {result.timings["decode"]:.1f} s / '
-        f'{result.timings["encode"]:.1f} s | {load_before:.1f} -> {load_after:.1f} |')
+        f'{result.timings["encode"]:.1f} s | {numbers["encoder_gflops"]:.0f} GFLOP/s = '
+        f'{100 * numbers["encoder_share_of_peak"]:.0f}% of {peak:.0f} | '
+        f'{load_before:.1f} -> {load_after:.1f} |')
 
 
 if __name__ == '__main__':
