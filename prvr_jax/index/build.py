@@ -110,6 +110,10 @@ def build_from_checkpoint(config: ml_collections.ConfigDict, checkpoint_path: st
                                '--config.data.dir': config.data.get('dir'),
                                '--config.model.clip_weights': config.model.get('clip_weights')})
   if split == ALL_SPLIT:
+    if cross_dataset:
+      raise ValueError(f'--cross_dataset with --split={ALL_SPLIT}: every video of a collection is '
+                       'indexed as it is, never checked against the training data; drop '
+                       '--cross_dataset.')
     return build_collection(config, checkpoint_path, out_dir, dtype, shard_videos, overwrite)
   loaded = outputs.load_params_and_data(config, checkpoint_path, split, out_dir + '_data',
                                         cross_dataset)

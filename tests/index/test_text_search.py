@@ -281,3 +281,14 @@ def test_all_videos_of_a_release_with_moments(tmp_path):
       'a': {'duration': 7.5, 'source': None, 'thumbnail': None}}
   with pytest.raises(ValueError, match="split 'test': a videos-only collection"):
     rel.split('test')
+
+
+def test_cross_dataset_with_all_is_refused(collection, tmp_path):
+  """--split=all never compares the collection with the training data: --cross_dataset there
+  would be a flag that does nothing, so it is refused by name."""
+  root, _, _ = collection
+  config = _config('clip_zero_shot', 'tvr_clip,max', root)
+  with pytest.raises(ValueError, match='--cross_dataset with --split=all'):
+    index_lib.build_from_checkpoint(config, None, 'all', str(tmp_path / 'index'),
+                                    cross_dataset=True)
+  assert not (tmp_path / 'index').exists()
