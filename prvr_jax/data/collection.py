@@ -13,7 +13,7 @@ zero-padded to `max_frames`, a mask, `video_index` -1 at padding). Nothing is wr
 else a moments file's), its source file and thumbnail (extract manifest), absolute paths.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 import logging
 import os
 from typing import Any
@@ -109,6 +109,27 @@ def video_info(release: release_lib.Release, video_ids: list[str]
 # ----------------------------------------------------------------------------- videos
 
 
+def video_batch(split: release_lib.ReleaseSplit, video_ids: Sequence[str], size: int,
+                first_key: int = 0) -> dict[str, np.ndarray]:
+  """The model inputs of `video_ids` (at most `size`) as one batch padded to `size` rows:
+  `clip_feats [size, num_clips, Dv]`, `frame_feats [size, max_frames, Dv]` and `frame_mask`
+  (frames zero-padded, as the shard pipeline pads them), `video_index` (`first_key` + row;
+  -1 for padding)."""
+  rel = split.release
+  items = [split.video_features(v) for v in video_ids]
+  dim = items[0][0].shape[1]
+  batch = {'clip_feats': np.zeros((size, rel.num_clips, dim), np.float32),
+           'frame_feats': np.zeros((size, rel.max_frames, dim), np.float32),
+           'frame_mask': np.zeros((size, rel.max_frames), np.float32),
+           'video_index': np.full((size,), -1, np.int64)}
+  for row, (clips, frames) in enumerate(items):
+    batch['clip_feats'][row] = clips
+    batch['frame_feats'][row, :len(frames)] = frames
+    batch['frame_mask'][row, :len(frames)] = 1
+    batch['video_index'][row] = first_key + row
+  return batch
+
+
 class _Batches:
   """Sized iterator of the padded video batches of a videos-only split."""
 
@@ -119,22 +140,24 @@ class _Batches:
     return -(-len(self.split.video_ids) // self.batch_size)
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    rel, size = self.split.release, self.batch_size
-    ids = self.split.video_ids
+    ids, size = self.split.video_ids, self.batch_size
     for start in range(0, len(ids), size):
-      items = [self.split.video_features(v) for v in ids[start:start + size]]
-      dim = items[0][0].shape[1]
-      batch = {'clip_feats': np.zeros((size, rel.num_clips, dim), np.float32),
-               'frame_feats': np.zeros((size, rel.max_frames, dim), np.float32),
-               'frame_mask': np.zeros((size, rel.max_frames), np.float32),
-               'video_index': np.full((size,), -1, np.int64)}
-      for row, (clips, frames) in enumerate(items):
-        batch['clip_feats'][row] = clips
-        batch['frame_feats'][row, :len(frames)] = frames
-        batch['frame_mask'][row, :len(frames)] = 1
-        batch['video_index'][row] = start + row
-      yield batch
-    rel.close()
+      yield video_batch(self.split, ids[start:start + size], size, start)
+    self.split.release.close()
+
+
+def open_recorded(identity: Mapping[str, Any]) -> release_lib.ReleaseSplit | None:
+  """The videos-only split of the collection an index of every video recorded (`all_videos`'
+  identity), or None where the index is of a release split or the collection is gone."""
+  if identity.get('split') != release_lib.ALL_SPLIT or not os.path.isdir(
+      identity.get('collection_dir') or ''):
+    return None
+  rel = release_lib.Release(
+      identity['collection_dir'], identity['collection'], identity.get('visual_feature'),
+      identity['text_feature'], num_clips=identity['num_clips'],
+      max_frames=identity['max_frames'], normalize=identity['normalize'],
+      frame_map=identity.get('frame_map'), videos_only=True)
+  return rel.split(release_lib.ALL_SPLIT)
 
 
 def open_videos(config: Any) -> release_lib.Release:

@@ -26,9 +26,12 @@ evenly (`ModelSpec.relevance`), from the stored rows of each hit, exactly the cu
 `relevance` gives (tests/index/test_text_search.py):
 
 * clip_zero_shot (`max`, `topk`): the stored frames, cosine per real frame; `mean` has none.
-* GMMFormer, GMMFormer v2, HLFormer, Holmes, DreamPRVR, AMDNet: the clip cosine
-  (`relevance`'s 'clip cosine'). AMDNet's learned span masks are not stored in an index: its
-  span is the best moment-enhanced clip's.
+* GMMFormer, GMMFormer v2, HLFormer, Holmes, DreamPRVR: the clip cosine (`relevance`'s 'clip
+  cosine').
+* AMDNet (`ModelSpec.learned_spans`): the learned span (centre +- width / 2) whose moment the
+  text matches best, computed from the hits' input rows re-read from the indexed collection
+  (an index of every video of a collection, `--split=all`, whose folder is still there); else,
+  as for the models above, its best moment-enhanced clip.
 * MS-SL: its best multi-scale clip, whose range of clips is the span (`relevance`'s
   per-position curve is that clip's cosine at each position it covers).
 * others (ProtoPRVR, RAL, T-MASS, MSC-PRVR): None.
@@ -252,8 +255,38 @@ class TextSearcher:
         for name, parts in gathered.items()}, sep='/')
     repeated = jax.tree.map(lambda x: np.repeat(np.asarray(x), k, axis=0), encoded)
     fractions = self._span_curves(repeated, stored)
+    if self.spec.learned_spans is not None and self._recorded_videos is not None:
+      fractions = self._learned_spans(queries, rows)
     return [[fractions[i * k + j] if rows[i, j] >= 0 else None for j in range(k)]
             for i in range(q)]
+
+  @functools.cached_property
+  def _recorded_videos(self) -> Any:
+    """The indexed collection's videos-only split (`collection.open_recorded`), for a model
+    with learned spans; None where the index does not lead to it (then the best position)."""
+    from prvr_jax.data import collection  # pylint: disable=g-import-not-at-top
+    return collection.open_recorded((self.index.manifest.get('info') or {}).get('data') or {})
+
+  def _learned_spans(self, queries: dict[str, np.ndarray], rows: np.ndarray
+                     ) -> list[tuple[float, float]]:
+    """`spec.learned_spans` of each query with each found video (`rows [Q, k]`), from the
+    videos' input rows re-read from the collection: `Q * k` (start, end) fractions."""
+    from prvr_jax.data import collection  # pylint: disable=g-import-not-at-top
+    q, k = rows.shape
+    ids = self.index.ids
+    videos = collection.video_batch(self._recorded_videos,
+                                    [ids[max(int(r), 0)] for r in rows.ravel()], q * k)
+    video_inputs = self.spec.inputs(self.index.config_model)[0]
+    repeated = {name: np.repeat(np.asarray(x), k, axis=0) for name, x in queries.items()}
+    spans = np.asarray(self._learned_span_fn(
+        self.searcher.params, repeated, {n: videos[n] for n in video_inputs}))
+    return [(float(a), float(b)) for a, b in spans]
+
+  @functools.cached_property
+  def _learned_span_fn(self) -> Any:
+    module = self.spec.build(self.index.config_model)
+    return jax.jit(lambda p, queries, videos: module.apply(
+        {'params': p}, queries, videos, method=self.spec.learned_spans))
 
   def video_info(self, video_id: str) -> dict[str, Any]:
     """{'duration', 'source', 'thumbnail'} of an indexed video, as its index recorded them

@@ -154,6 +154,10 @@ class ModelSpec:
       and `Q` videos (row q: query q's video), it returns name -> `[Q, T]`: one curve per
       name over T positions (clips, frames) that cover the video evenly in time order, NaN
       at padded positions (`position_scores`, `real_positions`).
+    learned_spans: the module method giving, for a model that learns its moments' spans
+      (AMDNet), each query's best-matching learned span in its own video: called as
+      `relevance` is, it returns `[Q, 2]` (start, end) fractions of the video. Search by text
+      returns it as the hit's span (None: the best position of `relevance`'s curve).
     pretrained: for a model with nothing to train (zero-shot CLIP), `config -> params`: its
       parameters from the config alone (pretrained weights); train.py refuses such a model,
       evaluate.py and `prvr-index build` run it without --checkpoint. None: a trained model.
@@ -179,6 +183,7 @@ class ModelSpec:
   candidate_set: str = 'clips'
   candidate_query: str | None = None
   relevance: str | None = None
+  learned_spans: str | None = None
   pretrained: Callable[[Any], Params] | None = None
 
   @property

@@ -184,11 +184,16 @@ def trained_index(collection, tmp_path_factory, request):
   config = _config(request.param, 'tvr_clip', root)
   config.model.update(hidden_dim=DIM, visual_dim=DIM, query_dim=DIM, num_clips=12,
                       max_frames=16)
+  params, index = _random_checkpoint_index(config, tmp_path_factory.mktemp('trained'))
+  return config, params, index
+
+
+def _random_checkpoint_index(config, folder):
+  """(params, index of every video of the collection): random parameters handed over as a
+  checkpoint's (the checkpoint readers have their own tests)."""
   spec = registry.get_spec(config.model)
   params = jax.jit(lambda key: spec.init_params(config.model, key))(jax.random.key(1))
-  folder = tmp_path_factory.mktemp('trained')
   monkey = pytest.MonkeyPatch()
-  # The checkpoint readers have their own tests: here one hands over random parameters.
   monkey.setattr(checkpoint_lib, 'load_params', lambda path, config, mesh: (params, {
       'source': 'prvr_jax', 'path': path, 'workdir': None, 'step': 3, 'data': None}))
   try:
@@ -196,7 +201,7 @@ def trained_index(collection, tmp_path_factory, request):
                                             str(folder / 'index'))
   finally:
     monkey.undo()
-  return config, params, index
+  return params, index
 
 
 def test_trained_model_span_is_the_relevance_argmax(collection, trained_index):
@@ -292,3 +297,40 @@ def test_cross_dataset_with_all_is_refused(collection, tmp_path):
     index_lib.build_from_checkpoint(config, None, 'all', str(tmp_path / 'index'),
                                     cross_dataset=True)
   assert not (tmp_path / 'index').exists()
+
+
+def test_amdnet_span_is_its_learned_span(collection, tmp_path):
+  """AMDNet: each hit's span is the learned span (centre +- width / 2) whose moment the text
+  matches best, from the video's rows re-read from the collection; without the collection,
+  the best moment-enhanced clip."""
+  root, vocab, _ = collection
+  config = _config('amdnet', 'tvr_clip', root)
+  config.model.update(hidden_dim=DIM, visual_dim=DIM, query_dim=DIM, num_clips=12,
+                      max_frames=16)
+  params, index = _random_checkpoint_index(config, tmp_path)
+  searcher = text_search.TextSearcher(index.path, 'random:tiny', vocab=vocab)
+  hits = searcher.search([QUERY], k=len(LENGTHS))[0]
+  split = release.Release(str(root), 'mine', None, 'clip', num_clips=12, max_frames=16,
+                          normalize=True, videos_only=True).split(release.ALL_SPLIT)
+  clips = np.stack([split.video_features(hit.video)[0] for hit in hits])
+  queries = {k: np.repeat(v, len(hits), axis=0)
+             for k, v in searcher.query_inputs_of([QUERY]).items()}
+  module = registry.get_spec(config.model).build(config.model)
+  expected = np.asarray(module.apply({'params': params}, queries, {'clip_feats': clips},
+                                     method='learned_spans'))
+  support.assert_close(np.array([hit.fraction for hit in hits]), expected, 1e-5)
+  assert np.all((expected >= 0) & (expected <= 1)) and np.all(expected[:, 1] > expected[:, 0])
+  for hit in hits:
+    np.testing.assert_allclose(hit.span, np.array(hit.fraction) * DURATIONS[hit.video])
+  # The collection gone: the best clip's range, one clip wide.
+  moved = tmp_path / 'moved'
+  shutil.copytree(root, moved)
+  shutil.rmtree(root / 'mine')
+  try:
+    again = text_search.TextSearcher(index.path, 'random:tiny', vocab=vocab).search(
+        [QUERY], k=len(LENGTHS))[0]
+  finally:
+    shutil.copytree(moved / 'mine', root / 'mine')
+  assert [h.video for h in again] == [h.video for h in hits]
+  assert all(round((h.fraction[1] - h.fraction[0]) * 12) >= 1 for h in again)
+  assert [h.fraction for h in again] != [h.fraction for h in hits]

@@ -23,6 +23,7 @@ SPEC = ModelSpec(
     param_counts={'tvr': 1_781_896, 'activitynet': 893_704, 'charades': 893_704,
                   'tvr_clip': 1_781_896, 'activitynet_clip': 893_704,
                   'charades_clip': 893_704},
-    video_inputs=('clip_feats',), relevance='relevance')
+    video_inputs=('clip_feats',), relevance='relevance',
+    learned_spans='learned_spans')
 
 __all__ = ['AMDNet', 'SPEC', 'objective']

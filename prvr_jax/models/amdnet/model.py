@@ -85,6 +85,17 @@ class AMDNet(SharedFields):
             'matched span mask': jnp.take_along_axis(video['masks'], best[:, None, None],
                                                      axis=1)[:, 0]}
 
+  def learned_spans(self, queries: Batch, videos: Batch) -> jax.Array:
+    """`ModelSpec.learned_spans`: `Q` queries, their `Q` videos -> `[Q, 2]` (start, end) as
+    fractions of the video: the learned span (centre c, width w) whose moment V^m_k the query
+    matches best (as `relevance`'s 'matched span mask'), [c - w / 2, c + w / 2] in [0, 1]."""
+    encoded = self.encode_queries(queries)
+    video = self._encode(videos['clip_feats'], deterministic=True)
+    best = jnp.argmax(position_scores(encoded, video['moments']), axis=-1)  # [Q]
+    span = jnp.take_along_axis(video['spans'], best[:, None, None], axis=1)[:, 0]  # [Q, 2]
+    centre, width = span[:, 0], span[:, 1]
+    return jnp.clip(jnp.stack([centre - width / 2, centre + width / 2], axis=-1), 0.0, 1.0)
+
   def __call__(self, batch: Batch, deterministic: bool = True) -> dict[str, jax.Array]:
     """The training forward: `scores` (cosines) and `clip_logits` (raw dots) `[Q, B]`, the
     spans, masks, moments and summaries of the videos, the query encodings."""
