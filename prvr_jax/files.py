@@ -40,6 +40,13 @@ def sha256_file(path: str, progress: Callable[[int], Any] | None = None) -> str:
   return digest.hexdigest()
 
 
+def inside(path: str, folder: str) -> bool:
+  """Whether `path` is `folder` or lies under it, both resolved (`os.path.realpath`: a link
+  is judged by where it leads)."""
+  path, folder = os.path.realpath(path), os.path.realpath(folder)
+  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def short(value: Any, limit: int = MESSAGE_VALUE_CHARS, quote: bool = True) -> str:
   """`repr(value)` (`str` without `quote`) cut to about `limit` characters, saying how long it
   was."""

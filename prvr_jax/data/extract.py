@@ -92,11 +92,6 @@ def _video_id(path: str, kind: str) -> str:
   return video_id
 
 
-def _inside(path: str, folder: str) -> bool:
-  path, folder = os.path.realpath(path), os.path.realpath(folder)
-  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def list_sources(videos: str) -> tuple[list[Source], dict[str, str]]:
   """(sources, skipped {path: reason}) of `videos`: a folder (its video files and frame
   folders; dot files ignored) or a text file listing one path per line (relative to the list's
@@ -110,7 +105,7 @@ def list_sources(videos: str) -> tuple[list[Source], dict[str, str]]:
       if name.startswith('.'):
         continue
       path = os.path.join(videos, name)
-      if os.path.islink(path) and not _inside(path, videos):
+      if os.path.islink(path) and not files.inside(path, videos):
         skipped[path] = (f'a symbolic link to {os.path.realpath(path)}, outside the input folder '
                          f'{videos}: refused')
         continue
@@ -574,7 +569,7 @@ def extract(videos: str, out: str, collection: str, clip_weights: str,
   sources, skipped = list_sources(videos)
   inputs = [videos] if os.path.isdir(videos) else [s.path for s in sources]
   for path in inputs:
-    if _inside(collection_dir, path) or _inside(path, collection_dir):
+    if files.inside(collection_dir, path) or files.inside(path, collection_dir):
       raise ExtractError(f'--out={out}: the collection folder {collection_dir} must not be '
                          f'inside the input {path}, nor hold it')
   weights = weights or load_weights(clip_weights)

@@ -675,9 +675,8 @@ def check_out(release_dir: str, out_dir: str) -> None:
   collection folder, or a folder holding it), a non-empty folder without a shard manifest,
   one with a foreign manifest."""
   manifest_path = os.path.join(out_dir, MANIFEST)
-  out, release = os.path.realpath(out_dir), os.path.realpath(release_dir)
-  if (out == release or release.startswith(out.rstrip(os.sep) + os.sep)
-      or os.path.isdir(os.path.join(out, 'TextData'))):  # a collection folder
+  if (files.inside(release_dir, out_dir)
+      or os.path.isdir(os.path.join(out_dir, 'TextData'))):  # a collection folder
     raise ShardError(f'refusing to write shards into {out_dir}: it is (or holds) the release '
                      f'being read ({release_dir}); choose a new or empty --out')
   if os.path.lexists(out_dir) and not os.path.isdir(out_dir):

@@ -18,6 +18,7 @@ import numpy as np
 
 from prvr_jax import checkpoint as checkpoint_lib
 from prvr_jax import config_lib
+from prvr_jax import files
 from prvr_jax import parallel
 from prvr_jax.data import collection
 from prvr_jax.data.release import ALL_SPLIT
@@ -185,13 +186,10 @@ def check_not_an_input(out: str, inputs: Mapping[str, str | None], flag: str = '
                        ) -> None:
   """Refuses an output that is one of the inputs (flag -> path) or a folder holding one:
   writing (or overwriting) it would destroy what is read."""
-  target = os.path.realpath(out)
   for name, path in inputs.items():
-    if not path:
-      continue
-    source = os.path.realpath(path)
-    if source == target or source.startswith(target.rstrip(os.sep) + os.sep):
-      raise ValueError(f'{flag}={out} is {"" if source == target else "a folder holding "}the '
+    if path and files.inside(path, out):
+      same = os.path.realpath(path) == os.path.realpath(out)
+      raise ValueError(f'{flag}={out} is {"" if same else "a folder holding "}the '
                        f'input {name}={path}; choose another {flag}.')
 
 

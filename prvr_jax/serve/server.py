@@ -34,6 +34,8 @@ import threading
 from typing import Any, Protocol
 import urllib.parse
 
+from prvr_jax import files
+
 # The page's files (package data, setup.cfg) -> content type.
 STATIC_FILES = {'index.html': 'text/html; charset=utf-8',
                 'app.js': 'text/javascript; charset=utf-8',
@@ -85,10 +87,6 @@ def _real_dir(path: str) -> str:
   return os.path.realpath(os.path.abspath(path))
 
 
-def _inside(path: str, folder: str) -> bool:
-  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 @dataclasses.dataclass(frozen=True)
 class ServedFolders:
   """The folders whose files may be served: the index folder, `--videos` folders, and a
@@ -114,7 +112,7 @@ class ServedFolders:
     if not path:
       return None
     real = os.path.realpath(path)
-    if not any(_inside(real, root) for root in self._roots()) or not os.path.isfile(real):
+    if not any(files.inside(real, root) for root in self._roots()) or not os.path.isfile(real):
       return None
     return real if os.path.splitext(real)[1].lower() in _VIDEO_TYPES else None
 
@@ -125,7 +123,7 @@ class ServedFolders:
     real = os.path.realpath(path)
     if os.path.splitext(real)[1].lower() not in _IMAGE_TYPES or not os.path.isfile(real):
       return None
-    if any(_inside(real, root) for root in self._roots()):
+    if any(files.inside(real, root) for root in self._roots()):
       return real
     folder = os.path.dirname(real)
     collection = os.path.dirname(folder)
@@ -213,15 +211,15 @@ class PrvrServer(http.server.ThreadingHTTPServer):
     results = []
     for hit in hits:
       try:
-        files = self.video_files(hit.video)
+        media = self.video_files(hit.video)
       except RequestError:  # a hit without recorded files: listed, nothing to show
-        files = {'duration': None, 'thumbnail': None, 'video': None}
+        media = {'duration': None, 'thumbnail': None, 'video': None}
       quoted = urllib.parse.quote(hit.video, safe='')
-      duration = _finite(hit.duration) if hit.duration is not None else files['duration']
+      duration = _finite(hit.duration) if hit.duration is not None else media['duration']
       results.append({'rank': int(hit.rank), 'video': hit.video, 'score': _finite(hit.score),
                       'span': _span(hit.span), 'duration': duration,
-                      'thumbnail_url': f'/thumb/{quoted}' if files['thumbnail'] else None,
-                      'video_url': f'/video/{quoted}' if files['video'] else None})
+                      'thumbnail_url': f'/thumb/{quoted}' if media['thumbnail'] else None,
+                      'video_url': f'/video/{quoted}' if media['video'] else None})
     return {'query': query, 'k': k, 'results': results}
 
 
