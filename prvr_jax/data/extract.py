@@ -406,6 +406,11 @@ class Result:
   timings: dict[str, float]
 
 
+def _layout(collection_dir: str) -> release.Layout:
+  """The release layout of a collection folder this module writes (`<out>/<collection>`)."""
+  return release.Layout(collection_dir, os.path.basename(collection_dir), None, 'clip')
+
+
 def _part_path(work: str, video_id: str) -> str:
   return os.path.join(work, 'parts', video_id + '.npz')
 
@@ -471,10 +476,10 @@ def _remove_temporaries(collection_dir: str) -> None:
   """Removes the temporary files of writes an interrupted run left (`files.write_atomic`'s
   `.<name>.<random>.tmp` beside a thumbnail, the HDF5 or the manifest): only names of files
   this module writes."""
+  features = _layout(collection_dir).clip_video_feature_path
   for folder, matches in (
       (os.path.join(collection_dir, THUMBNAILS), lambda n: n.endswith('.jpg')),
-      (os.path.join(collection_dir, 'FeatureData'),
-       lambda n: n.startswith('new_clip_vit_32_') and n.endswith('_vid_features.hdf5')),
+      (os.path.dirname(features), lambda n: n == os.path.basename(features)),
       (collection_dir, lambda n: n == MANIFEST)):
     if not os.path.isdir(folder):
       continue
@@ -505,19 +510,17 @@ def _remove_ours(collection_dir: str) -> None:
     path = os.path.join(collection_dir, THUMBNAILS, video_id + '.jpg')
     if os.path.isfile(path) and not os.path.islink(path):
       os.remove(path)
-  feature_dir = os.path.join(collection_dir, 'FeatureData')
-  if os.path.isdir(feature_dir):
-    for name in os.listdir(feature_dir):
-      if name.startswith('new_clip_vit_32_') and name.endswith('_vid_features.hdf5'):
-        os.remove(os.path.join(feature_dir, name))
-  text_dir = os.path.join(collection_dir, 'TextData')
+  layout = _layout(collection_dir)
+  feature_dir = os.path.dirname(layout.clip_video_feature_path)
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(layout.clip_video_feature_path)
+  text_dir = layout.text_dir
   owned_path = os.path.join(text_dir, CAPTIONS_OWNER)
   if os.path.isfile(owned_path):  # captions encoded with the earlier weights (add_captions)
     with open(owned_path, encoding='utf-8') as f:
       names = [n for n in json.load(f).get('files', []) if n.endswith('.caption.txt')]
-    query_file = release.Layout(collection_dir, os.path.basename(collection_dir), None,
-                                'clip').query_feature_path
-    for path in [os.path.join(text_dir, n) for n in names] + [query_file, owned_path]:
+    for path in [os.path.join(text_dir, n) for n in names] + [layout.query_feature_path,
+                                                              owned_path]:
       with contextlib.suppress(FileNotFoundError):
         os.remove(path)
   for folder in (os.path.join(collection_dir, THUMBNAILS), feature_dir, text_dir):
@@ -707,7 +710,7 @@ def _assemble(sources, skipped, collection_dir, collection, work, weights, setti
               extracted, resumed, timings) -> Result:
   """Writes the HDF5 and then the manifest (atomically, the manifest last), removes the work
   folder."""
-  layout = release.Layout(collection_dir, collection, None, 'clip')
+  layout = _layout(collection_dir)
   ids = [s.video_id for s in sources if s.video_id in done]
   release.write_clip_videos(layout.clip_video_feature_path,
                             ((i, _read_part(work, i)[0]) for i in ids))
@@ -831,8 +834,7 @@ def add_captions(collection_dir: str, captions: Mapping[str, str], clip_weights:
                        f'is not that of the weights the videos were extracted with '
                        f'({manifest["weights"]["sha256"]}, {MANIFEST}): captions and videos '
                        'must share one CLIP space')
-  collection = manifest['collection']
-  layout = release.Layout(collection_dir, collection, None, 'clip')
+  layout = _layout(collection_dir)
   items, first_file = {}, {}
   for split, path in paths.items():
     items[split] = release.read_captions(path)
