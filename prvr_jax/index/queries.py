@@ -5,7 +5,8 @@
 * `.h5` / `.hdf5`: token features in the official release's format, one dataset per query id
   (`[n_tokens, Dq]`, or `[Dq]` for one sentence feature), truncated to `max_query_len` tokens
   as the data pipeline does, zero-padded with a mask; read one query batch at a time.
-* `.txt`: one query text per line (models reading CLIP `tokens`), tokenized with CLIP's BPE.
+* `.txt`: one query text per line, searched by text (`prvr_jax.index.text_search`: CLIP's BPE,
+  and CLIP's text tower for models reading CLIP sentence features).
 """
 
 import os
@@ -185,18 +186,6 @@ def _check_values(path: str, arrays: dict[str, np.ndarray], inputs: tuple[str, .
       refuse('tokens', empty, 'is all padding (every token is 0)')
 
 
-def _texts(path: str, config_model: Any) -> tuple[dict[str, np.ndarray], list[str]]:
-  from prvr_jax.clip import tokenizer  # pylint: disable=g-import-not-at-top
-  with open(path, encoding='utf-8') as f:
-    lines = [line.rstrip('\n') for line in f]
-  texts = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-  if not texts:
-    raise ValueError(f'--queries={path} holds no query text.')
-  tokens = tokenizer.Tokenizer()([t for _, t in texts], config_model.context_length,
-                                 truncate=True)
-  return {'tokens': tokens}, [f'line {i}' for i, _ in texts]
-
-
 def read_queries(path: str, query_inputs: tuple[str, ...], config_model: Any
                  ) -> tuple[dict[str, Any], list[str]]:
   """(the model's query inputs `[Q, ...]`, Q query ids) of a query file. Each input is an array,
@@ -213,8 +202,6 @@ def read_queries(path: str, query_inputs: tuple[str, ...], config_model: Any
                        'not token features; give a .txt file of query texts.')
     return _features(path, config_model)
   if suffix == '.txt':
-    if query_inputs != ('tokens',):
-      raise ValueError(f'--queries={path}: model {config_model.name} reads features '
-                       f'{query_inputs}, not text; give an .npz or .h5 file of features.')
-    return _texts(path, config_model)
+    raise ValueError(f'--queries={path}: a file of query texts is searched by text '
+                     '(prvr_jax.index.text_search.TextSearcher, as prvr-index search does).')
   raise ValueError(f'--queries={path}: expected an .npz, .h5/.hdf5 or .txt file.')

@@ -158,7 +158,6 @@ def _search() -> None:
   if FLAGS.text or FLAGS.queries.lower().endswith('.txt'):
     _text_search()
     return
-    _check_output(FLAGS.output, FLAGS.index, FLAGS.queries, FLAGS.candidates)
   index = store.open_index(FLAGS.index, verify=FLAGS.verify)
   logging.info('Searching index %s', json.dumps(index.provenance(), sort_keys=True))
   inputs = index.spec.inputs(index.config_model)[1]
