@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import support
+import test_holmes
 from prvr_jax import convert
 from prvr_jax.losses import evidential
 from prvr_jax.models.holmes import official as holmes_official
@@ -24,26 +25,19 @@ from prvr_jax.models.spec import LossContext
 pytestmark = pytest.mark.slow  # the model's loss and gradients compile here
 
 FIXTURES = support.FIXTURES / 'holmes'
-# The fixture's official config: hidden 16, 4 heads, sft_factor 0.5, dropout 0; inputs of
-# width 12 (video) and 10 (query); the official 8 branches; the multi fusion 0.5 / 0.5.
-CONFIG = dict(name='holmes', hidden_dim=16, num_heads=4, temperature=0.5, dropout=0.0,
-              input_dropout=0.0, visual_dim=12, query_dim=10, max_query_len=30, max_frames=128,
-              num_clips=32, frame_branch_query=True, clip_score_weight=0.5,
-              frame_score_weight=0.5)
-# The official multi TVR loss values (`multisrc/Configs/tvr.py`); hard negatives with pool 1
-# (deterministic); the warmup ends at epoch 1.
-LOSS = ml_collections.ConfigDict(dict(
-    clip_nce=0.05, frame_nce=0.04, qdl=8e-5, intra_edl=0.1, edl=0.01, dc=0.0, qdl_delta=0.15,
-    qdl_alpha=32.0, qdl_gamma=1.0, margin=0.1, hard_pool_size=1, hard_negative_start_epoch=0,
-    om=0.0, stochastic_support=0.0, edl_tau=0.2, edl_intra_tau=0.04, warmup_epoch=1,
-    division_beta=0.3, smooth_beta=0.2, pot_epsilon=0.1, pot_bucket_quantile=0.3,
-    pot_iterations=50, pot_tolerance=0.0))
-TERMS = ('clip_nce', 'clip_triplet', 'frame_nce', 'frame_triplet', 'qdl', 'intra_edl',
-         'edl_frame', 'edl_clip', 'edl_combined')
-PHASES = {'warmup': 0, 'calibrated': 1}
+# The fixture's official config (test_holmes's: hidden 16, 4 heads, dropout 0, inputs of width
+# 12 and 10, the official 8 branches) with the multi variant's frame-branch query and its fusion
+# 0.5 / 0.5.
+CONFIG = {**test_holmes.CONFIG, 'frame_branch_query': True, 'clip_score_weight': 0.5,
+          'frame_score_weight': 0.5}
+# The official multi TVR loss values (`multisrc/Configs/tvr.py`) over the src ones; hard
+# negatives with pool 1 (deterministic); the warmup ends at epoch 1.
+LOSS = ml_collections.ConfigDict({**test_holmes.LOSS.to_dict(), 'intra_edl': 0.1, 'edl': 0.01,
+                                  'dc': 0.0, 'edl_tau': 0.2, 'edl_intra_tau': 0.04})
+TERMS, PHASES = test_holmes.TERMS, test_holmes.PHASES
 VIDEO_KEYS = ('clip_feats', 'frame_feats', 'frame_mask')
 QUERY_KEYS = ('query_feats', 'query_mask')
-DEPTH = 20  # as tests/models/test_holmes.py: the chain the encodings pass through
+DEPTH = test_holmes.DEPTH  # the chain the encodings pass through
 RTOL = support.f32_rtol(128, ops=DEPTH)
 
 
