@@ -301,9 +301,10 @@ _IGNORED: dict[str, tuple[str, ...]] = {
               'loss.qdl_alpha', 'loss.qdl_gamma') + _STOCHASTIC + _PROBABILISTIC,
     'amdnet': ('model.name', 'optim.backbone_lr', 'loss.qdl_delta', 'loss.qdl_alpha',
                'loss.qdl_gamma'),
-    # Checked against the feature width and the frame count in `_tmass`.
+    # Checked against the feature width and the frame count in `_tmass`; `model.noise` is the
+    # evaluation's noise (the training step draws its own).
     'tmass': ('model.name', 'model.clip_weights', 'model.visual_dim', 'model.query_dim',
-              'model.num_clips', 'model.max_frames'),
+              'model.num_clips', 'model.max_frames', 'model.noise'),
 }
 
 
