@@ -71,6 +71,20 @@ def start(compilation_cache_dir: str | None = None) -> str | None:
   return folder
 
 
+def seconds_since_process_start() -> float | None:
+  """Wall-clock seconds since this process was started (its interpreter's start-up, imports
+  and any re-exec of `run` included), from Linux's `/proc`; None where that cannot be read."""
+  try:
+    with open('/proc/self/stat', encoding='ascii') as f:
+      # Field 22, the start time in clock ticks after boot; the name (field 2) may hold spaces.
+      start_ticks = int(f.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime', encoding='ascii') as f:
+      uptime = float(f.read().split()[0])
+    return max(uptime - start_ticks / os.sysconf('SC_CLK_TCK'), 0.0)
+  except (OSError, ValueError, IndexError):
+    return None
+
+
 def quiet_library_logs() -> None:
   """Hides the INFO chatter of Orbax from the absl log (warnings and errors stay)."""
   class _Filter(pylogging.Filter):

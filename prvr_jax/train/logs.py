@@ -20,6 +20,7 @@ from absl import logging
 import tqdm
 
 from prvr_jax import files
+from prvr_jax import runtime
 
 if TYPE_CHECKING:
   # Only a type here: importing orbax (under prvr_jax.checkpoint) would add its memory and
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
   from prvr_jax.checkpoint import Checkpoints
 
 METRICS_FILE = 'metrics.jsonl'
+# Opens the log line of the first step a training process completes (`StepLog`).
+FIRST_STEP_LOG = 'First step of this process:'
 TB_DIR = 'tensorboard'
 
 
@@ -115,14 +118,18 @@ class StepLog:
 
   The first step an epoch's log sees waits for whatever came before it (the compile, the
   input pipeline's warm-up, a restore): `steps_per_sec` and the progress bar's rate and ETA
-  count the steps after it, timed from its completion. `add` must see a step as soon as it
+  count the steps after it, timed from its completion. With `announce_start` (the run's first
+  epoch in this process) that completion is logged with the seconds since the process started:
+  the start-up a user waits through (`benchmarks/startup.py` reads it). `add` must see a step as soon as it
   completes for the steps that close a logging window (`needs_sync`), so that the window's
   time ends where its last step did, however the backend dispatches.
   """
 
   def __init__(self, writer: MetricWriter, checkpoints: 'Checkpoints', log_every: int, epoch: int,
-               first_step: int, epoch_end: int, steps_per_epoch: int, show: bool):
+               first_step: int, epoch_end: int, steps_per_epoch: int, show: bool,
+               announce_start: bool = False):
     self.writer, self.checkpoints, self.log_every = writer, checkpoints, log_every
+    self.announce_start = announce_start
     self.epoch, self.epoch_end, self.first_step = epoch, epoch_end, first_step
     self.window, self.window_steps, self.timed_steps, self.tick = {}, 0, 0, None
     self.total, self.steps = {}, 0
@@ -154,6 +161,10 @@ class StepLog:
     self.bar.update(1)
     if self.tick is None:  # the first step: the rates and the ETA start at its completion
       self.tick = now
+      if self.announce_start:
+        age = runtime.seconds_since_process_start()
+        logging.info('%s step %d done%s.', FIRST_STEP_LOG, step,
+                     '' if age is None else f', {age:.1f} s after the process started')
       done = self.bar.n
       self.bar.reset()  # restarts tqdm's clock and rate
       self.bar.initial = self.bar.n = self.bar.last_print_n = done

@@ -310,10 +310,12 @@ def _train_epochs(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh
   every = int(config.train.checkpoint_every_steps)
   step = int(meta['step'])
   batches = shards.train_batches(step, mesh)
-  for epoch in range(meta['epochs_done'], config.train.num_epochs):
+  first_epoch = meta['epochs_done']
+  for epoch in range(first_epoch, config.train.num_epochs):
     epoch_end = (epoch + 1) * epoch_steps
     log = logs.StepLog(writer, checkpoints, max(int(config.train.log_every_steps), 1), epoch,
-                       step, epoch_end, epoch_steps, show=jax.process_index() == 0)
+                       step, epoch_end, epoch_steps, show=jax.process_index() == 0,
+                       announce_start=epoch == first_epoch)
     pending = None
     # The host reads step t-1's metrics while step t runs: the NaN check costs no sync. Steps
     # that are saved, or that open the timing or close a logging window, are read at once.

@@ -2,6 +2,9 @@
 `--compilation_cache_dir`, else the default; single-process without the multi-process flags."""
 
 import os
+import subprocess
+import sys
+import time
 
 from absl import flags
 import jax
@@ -44,3 +47,17 @@ def test_xla_defaults_are_set(program):
   del program
   runtime.start('')
   assert os.environ['XLA_FLAGS'] == '--xla_gpu_enable_triton_gemm=false'
+
+
+
+def test_seconds_since_process_start_counts_this_process():
+  age = runtime.seconds_since_process_start()
+  assert age is not None and age > 0
+  time.sleep(0.05)
+  assert runtime.seconds_since_process_start() >= age
+  # A process that sleeps 0.3 s before asking counts that sleep (clock ticks of 10 ms).
+  code = ('import time; time.sleep(0.3); from prvr_jax import runtime; '
+          'print(runtime.seconds_since_process_start())')
+  child = float(subprocess.run([sys.executable, '-c', code], check=True, capture_output=True,
+                               text=True).stdout)
+  assert 0.28 <= child < 120

@@ -135,3 +135,18 @@ def test_step_rates_and_eta_leave_out_the_first_step(monkeypatch):
   resumed.add(6, {'loss': np.float32(1.0)})  # opens the window and the timing: no rate yet
   assert writer.records[-1] == (6, 'train', {'loss': 1.0}, {'epoch': 1})
   resumed.close()
+
+
+def test_the_first_step_of_a_process_is_announced_with_its_start_up(monkeypatch, caplog):
+  """`announce_start` (the run's first epoch in a process) logs the first step's completion
+  with the seconds since the process started; the other epochs' logs do not."""
+  monkeypatch.setattr(logs.runtime, 'seconds_since_process_start', lambda: 12.34)
+  caplog.set_level(logging.INFO)
+  for announce in (True, False):
+    log = logs.StepLog(_Writer(), None, log_every=2, epoch=0, first_step=4, epoch_end=8,
+                       steps_per_epoch=4, show=False, announce_start=announce)
+    log.add(5, {'loss': np.float32(1.0)})
+    log.add(6, {'loss': np.float32(1.0)})
+    log.close()
+  lines = [r.getMessage() for r in caplog.records if logs.FIRST_STEP_LOG in r.getMessage()]
+  assert lines == [f'{logs.FIRST_STEP_LOG} step 5 done, 12.3 s after the process started.']
