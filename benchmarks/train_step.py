@@ -419,8 +419,10 @@ def write_report(report: Mapping[str, Any]) -> None:
 
 def main(argv):
   del argv
-  # As train.py starts, before any device is used; the cache for our worker alone.
-  runtime.start(compilation_cache_dir=_CACHE.value if _WORKER.value == 'ours' else '')
+  # As train.py starts, before any device is used; the cache for our worker alone, and only
+  # with --compilation_cache_dir ('' is off; None would be train.py's default folder, whose
+  # entries from earlier runs would turn the compile measured into a load).
+  runtime.start(compilation_cache_dir=(_CACHE.value or '') if _WORKER.value == 'ours' else '')
   if _WORKER.value:
     if _CPUS.value:  # before JAX or torch size their thread pools by it
       os.sched_setaffinity(0, [int(cpu) for cpu in _CPUS.value])
