@@ -120,9 +120,9 @@ class StepLog:
   input pipeline's warm-up, a restore): `steps_per_sec` and the progress bar's rate and ETA
   count the steps after it, timed from its completion. With `announce_start` (the run's first
   epoch in this process) that completion is logged with the seconds since the process started:
-  the start-up a user waits through (`benchmarks/startup.py` reads it). `add` must see a step as soon as it
-  completes for the steps that close a logging window (`needs_sync`), so that the window's
-  time ends where its last step did, however the backend dispatches.
+  the start-up a user waits through (`benchmarks/startup.py` reads it). `add` must see a step
+  as soon as it completes for the steps that close a logging window (`needs_sync`), so that
+  the window's time ends where its last step did, however the backend dispatches.
   """
 
   def __init__(self, writer: MetricWriter, checkpoints: 'Checkpoints', log_every: int, epoch: int,

@@ -49,7 +49,6 @@ def test_xla_defaults_are_set(program):
   assert os.environ['XLA_FLAGS'] == '--xla_gpu_enable_triton_gemm=false'
 
 
-
 def test_seconds_since_process_start_counts_this_process():
   age = runtime.seconds_since_process_start()
   assert age is not None and age > 0
