@@ -22,7 +22,6 @@ import shutil
 import tempfile
 
 import numpy as np
-import scipy.signal
 
 from prvr_jax.data import preprocess
 from prvr_jax.data import release as release_lib
@@ -182,6 +181,8 @@ def _video(rng: np.random.Generator, spec: Spec, world: _World):
   # A stationary AR(1) walk around the scene: smooth, never-queried background.
   eps = rng.normal(size=(num_frames, spec.latent_dim)) / np.sqrt(spec.latent_dim)
   gain = np.sqrt(1 - _AR**2)
+  # Imported here: a slow import that only generating data needs, not every reader's start.
+  import scipy.signal  # pylint: disable=g-import-not-at-top
   walk, _ = scipy.signal.lfilter([gain], [1, -_AR], eps, axis=0, zi=(1 - gain) * eps[:1])
   latent = spec.clutter * (scene + spec.background_drift * walk)
   labels = [None] * num_frames

@@ -103,6 +103,7 @@ def match_paths(tree: Any, patterns: Sequence[str]) -> Any:
 
 
 _STORED_PER_VIDEO: dict[tuple[str, str], dict[str, jax.ShapeDtypeStruct]] = {}
+_PARAM_SHAPES: dict[tuple[str, type, str], Params] = {}
 
 
 def _config_key(config_model: Any) -> str:
@@ -209,8 +210,15 @@ class ModelSpec:
                                           self.example_batch(config_model))['params']
 
   def param_shapes(self, config_model: Any) -> Params:
-    """`jax.ShapeDtypeStruct` tree of the parameters, without computing anything."""
-    return jax.eval_shape(lambda rng: self.init_params(config_model, rng), jax.random.key(0))
+    """`jax.ShapeDtypeStruct` tree of the parameters, without computing anything.
+
+    Traced once per (model, config) in a process: the optimiser, the abstract train state and
+    the checkpoint's restore all ask at start-up."""
+    key = (self.name, self.module, _config_key(config_model))
+    if key not in _PARAM_SHAPES:
+      _PARAM_SHAPES[key] = jax.eval_shape(lambda rng: self.init_params(config_model, rng),
+                                          jax.random.key(0))
+    return jax.tree.map(lambda leaf: leaf, _PARAM_SHAPES[key])  # a new tree: callers own it
 
   def stored_per_video(self, config_model: Any) -> dict[str, jax.ShapeDtypeStruct]:
     """What `encode_videos` keeps per video: 'a/b' path -> shape and dtype of one video's part.

@@ -7,6 +7,8 @@ Four concerns, one module each, started together:
 * `compilation_cache`: JAX's persistent compilation cache;
 * `host_memory`: the heap trim after every compile, and huge-page malloc (a re-exec).
 
+`run` also sets `IMPORT_ENVIRONMENT` (what TensorFlow imports when it loads) unless set.
+
 Used as::
 
   def _main(argv):
@@ -35,6 +37,12 @@ from prvr_jax.runtime import compilation_cache
 from prvr_jax.runtime import host_memory
 from prvr_jax.runtime import xla
 
+# Environment the programs start with, unless already set. TensorFlow, imported for tf.data
+# and tf.summary alone, imports Keras 3's optimisers when it loads, and with them Keras,
+# IPython and matplotlib; told to use the legacy `tf_keras` for `tf.keras`, which is no
+# dependency, it skips that import. Nothing here uses `tf.keras` (`train.logs` writes its event
+# files through `tf.summary`, not clu's writer, whose TensorBoard plugin imports Keras).
+IMPORT_ENVIRONMENT = {'TF_USE_LEGACY_KERAS': '1'}
 # A flag of `parallel.define_distributed_flags`: defined means the program takes the
 # multi-process flags.
 _DISTRIBUTED_FLAG = 'process_id'
@@ -95,14 +103,17 @@ def quiet_library_logs() -> None:
 
 def run(main: Callable[[list[str]], None], huge_pages: bool = True,
         positional: bool = False) -> None:
-  """`app.run(main)` for a command-line program: first restarting the process with huge-page
-  malloc where that helps (`host_memory.restart_with_huge_page_malloc`; not with
-  `huge_pages=False`, for a program that runs no step), resolving `--config=NAME[:variant]` to
+  """`app.run(main)` for a command-line program: first setting `IMPORT_ENVIRONMENT` and
+  restarting the process with huge-page malloc where that helps
+  (`host_memory.restart_with_huge_page_malloc`; not with `huge_pages=False`, for a program
+  that runs no step), resolving `--config=NAME[:variant]` to
   a shipped model config and refusing `--config.x` overrides that name no key
   (`config_lib.resolve_config_flag`). Positional arguments are refused unless `positional`
   (`main` reads a command from them). `--help` shows the flags and docstring of `main`'s module
   whatever started it (`prvr-<name>`, `python -m`, a checkout's train.py). A flag that does not
   parse is reported on the last line of stderr, naming the flag (`_parse_flags`)."""
+  for name, value in IMPORT_ENVIRONMENT.items():
+    os.environ.setdefault(name, value)
   if huge_pages:
     host_memory.restart_with_huge_page_malloc()
   sys.argv[:] = config_lib.resolve_config_flag(sys.argv)

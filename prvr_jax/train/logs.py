@@ -2,10 +2,11 @@
 non-finite-loss stop.
 
 `MetricWriter` writes each record twice: one JSON line in `<workdir>/metrics.jsonl` (the
-record other tools read, appended whole, torn lines dropped on resume) and, as flax/examples
-do, TensorBoard scalars through `clu.metric_writers.SummaryWriter` in `<workdir>/tensorboard`
-(tags `<split>/<name>`). clu's TensorBoard writer needs TensorFlow and TensorBoard; where either
-cannot be imported the run writes the JSONL alone and says so once.
+record other tools read, appended whole, torn lines dropped on resume) and TensorBoard scalars
+through `tf.summary` in `<workdir>/tensorboard` (tags `<split>/<name>`; what
+`clu.metric_writers.SummaryWriter` writes, without its import of TensorBoard's hparams plugin,
+which imports Keras). The event files need TensorFlow and TensorBoard; where either cannot be
+imported the run writes the JSONL alone and says so once.
 """
 
 from collections.abc import Mapping
@@ -37,20 +38,39 @@ class NonFiniteLossError(FloatingPointError):
   """The training loss became NaN or Inf; the message names the step and the terms."""
 
 
-def _tensorboard_writer(logdir: str) -> Any:
-  """clu's TensorBoard `SummaryWriter` on `logdir`, or None (with one warning) when clu,
-  TensorFlow or TensorBoard cannot be imported."""
+class _TensorBoard:
+  """Scalars into the TensorBoard event files of a `tf.summary` file writer."""
+
+  def __init__(self, writer: Any, scalar: Any):
+    self._writer, self._scalar = writer, scalar
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    with self._writer.as_default():
+      for tag, value in scalars.items():
+        self._scalar(tag, value, step=step)
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+def _tensorboard_writer(logdir: str) -> _TensorBoard | None:
+  """The TensorBoard writer on `logdir`, or None (with one warning) when TensorFlow or
+  TensorBoard (which provides `tf.summary.scalar`) cannot be imported."""
   try:
-    from clu import metric_writers  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    logging.warning('No TensorBoard event files for this run: clu.metric_writers cannot be '
-                    'imported (%s: %s; it needs tensorflow and tensorboard). Metrics are '
-                    'written to %s only.', type(e).__name__, e, METRICS_FILE)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    scalar = tf.summary.scalar  # TensorBoard's: TensorFlow imports it on first use
+  except (ImportError, AttributeError) as e:
+    logging.warning('No TensorBoard event files for this run: tf.summary cannot be used '
+                    '(%s: %s; it needs tensorflow and tensorboard). Metrics are written to %s '
+                    'only.', type(e).__name__, e, METRICS_FILE)
     return None
-  # TensorFlow is importable now; its summary ops must not take accelerator memory from JAX.
+  # Its summary ops must not take accelerator memory from JAX.
   from prvr_jax.data import frames  # pylint: disable=g-import-not-at-top
   frames.keep_tf_off_accelerators()
-  return metric_writers.SummaryWriter(logdir)
+  return _TensorBoard(tf.summary.create_file_writer(logdir), scalar)
 
 
 def _append_line(path: str, line: str) -> None:

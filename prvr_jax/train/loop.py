@@ -25,6 +25,9 @@
   sha256, the model fingerprint, `config_lib.config_fingerprint` and the data identity.
 """
 
+from collections.abc import Iterator
+from concurrent import futures
+import itertools
 import json
 import os
 from typing import Any
@@ -53,7 +56,7 @@ from prvr_jax.train import logs
 from prvr_jax.train import workdir as workdir_lib
 from prvr_jax.train.state import TrainState, abstract_train_state, create_train_state
 from prvr_jax.train.state import make_model_optimizer
-from prvr_jax.train.step import make_train_step
+from prvr_jax.train.step import compile_ahead, make_train_step
 
 TEST_METRICS_FILE = 'test_metrics.json'
 
@@ -227,7 +230,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     tx, schedule = make_model_optimizer(config, spec, epoch_steps * num_epochs)
     abstract_state = abstract_train_state(config, spec, tx, mesh)
     restored = checkpoints.restore_latest(abstract_state)
+    ahead = None
     if restored is None:
+      if plan == 'train':  # the step compiles while the state is made
+        ahead = _start_steps(config, spec, mesh, tx, schedule, abstract_state, 0, shards)
       state = create_train_state(config, spec, tx, mesh)
       meta = {**checkpoint.model_fingerprint(config.model, spec), 'data': shards.identity(),
               'steps_per_epoch': epoch_steps, 'step': 0, 'epochs_done': 0, 'best_sumr': -1.0,
@@ -258,10 +264,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  jax.device_count(), jax.process_count(), config.train.batch_size, epoch_steps,
                  num_epochs)
 
+    if plan == 'train' and ahead is None:
+      ahead = _start_steps(config, spec, mesh, tx, schedule, state, meta['step'], shards)
     evaluator = Evaluator.from_config(config, mesh)
     if plan == 'train':
-      stopped = _train_epochs(config, spec, mesh, tx, schedule, state, meta, epoch_steps,
-                              shards, evaluator, checkpoints, writer)
+      stopped = _train_epochs(config, *ahead, state, meta, epoch_steps, shards, evaluator,
+                              checkpoints, writer)
       if stopped is None:
         return None
       state, meta = stopped
@@ -296,20 +304,33 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       writer.close()
 
 
-def _train_epochs(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh,
-                  tx: optax.GradientTransformation, schedule: optax.Schedule,
-                  state: TrainState, meta: dict[str, Any], epoch_steps: int,
-                  shards: protocol.RunData, evaluator: Evaluator,
-                  checkpoints: checkpoint.Checkpoints,
+def _start_steps(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh,
+                 tx: optax.GradientTransformation, schedule: optax.Schedule, state: Any,
+                 step: int, shards: protocol.RunData
+                 ) -> tuple[futures.Future, Iterator[dict[str, jax.Array]]]:
+  """The training batches from global step `step` (their first one read) and the train step
+  compiling for them and `state` (a train state, or its `abstract_train_state`) in the
+  background (`step.compile_ahead`)."""
+  batches = shards.train_batches(step, mesh)
+  first = next(batches)
+  train_step = compile_ahead(make_train_step(config, spec, tx, schedule, mesh), state, first,
+                             np.int32(0))
+  return train_step, itertools.chain([first], batches)
+
+
+def _train_epochs(config: ml_collections.ConfigDict, compiled_step: futures.Future,
+                  batches: Iterator[dict[str, jax.Array]], state: TrainState,
+                  meta: dict[str, Any], epoch_steps: int, shards: protocol.RunData,
+                  evaluator: Evaluator, checkpoints: checkpoint.Checkpoints,
                   writer: logs.MetricWriter) -> tuple[TrainState, dict[str, Any]] | None:
-  """The epoch loop from `meta`'s position; returns (state, meta) at the end, or None when
+  """The epoch loop from `meta`'s position, with the train step `compiled_step` will give and
+  the `batches` from that position; returns (state, meta) at the end, or None when
   `config.train.stop_after_steps` stopped it."""
-  train_step = make_train_step(config, spec, tx, schedule, mesh)
   val_data = shards.eval_split('val')
   stop_after = int(config.train.stop_after_steps)
   every = int(config.train.checkpoint_every_steps)
   step = int(meta['step'])
-  batches = shards.train_batches(step, mesh)
+  train_step = compiled_step.result()
   first_epoch = meta['epochs_done']
   for epoch in range(first_epoch, config.train.num_epochs):
     epoch_end = (epoch + 1) * epoch_steps

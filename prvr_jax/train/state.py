@@ -1,5 +1,6 @@
 """The train state, the optimiser of a config, and the state's (sharded) construction."""
 
+import os
 from typing import Any
 
 from flax import struct
@@ -44,25 +45,42 @@ def make_model_optimizer(config: ml_collections.ConfigDict, spec: ModelSpec, tot
   return tx, optim.make_schedule(config.optim, total_steps)
 
 
+def _state(params: Any, train_rng: jax.Array, tx: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=train_rng)
+
+
 def _init_fn(config: ml_collections.ConfigDict, spec: ModelSpec,
              tx: optax.GradientTransformation):
   def init(rng: jax.Array) -> TrainState:
     params_rng, train_rng = jax.random.split(rng)
-    params = spec.init_params(config.model, params_rng)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=train_rng)
+    return _state(spec.init_params(config.model, params_rng), train_rng, tx)
   return init
 
 
 def abstract_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
                          tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
   """ShapeDtypeStructs (with replicated shardings) of the train state of `spec`'s model;
-  nothing computed."""
-  init = _init_fn(config, spec, tx)
-  abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+  nothing computed, and the model not traced again (`ModelSpec.param_shapes` is)."""
+  abstract = jax.eval_shape(
+      lambda params: _state(params, jax.random.PRNGKey(0), tx),
+      spec.param_shapes(config.model))
   sharding = parallel.replicated(mesh)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
+
+
+# XLA options of the init program by platform. The init runs once per run, so on CPUs LLVM
+# optimises it at level 1 instead of 3: about half the compile, the same parameters bit for bit
+# (tests/train/test_state.py; level 0 changes the last bit of some), a slower run that is not
+# noticed. An option that `XLA_FLAGS` sets is left to it.
+INIT_COMPILER_OPTIONS = {'cpu': {'xla_backend_optimization_level': 1}}
+
+
+def _init_compiler_options() -> dict[str, Any] | None:
+  options = INIT_COMPILER_OPTIONS.get(jax.default_backend(), {})
+  xla_flags = os.environ.get('XLA_FLAGS', '')
+  return {k: v for k, v in options.items() if f'--{k}=' not in xla_flags} or None
 
 
 def create_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
@@ -70,9 +88,9 @@ def create_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
   """Fresh state of `spec`'s model from `config.train.seed`, computed on device already
   replicated; with `config.model.clip_weights`, the model's CLIP towers and logit scale start
   from that checkpoint (`prvr_jax.clip.weights.load`)."""
-  init = jax.jit(_init_fn(config, spec, tx),
-                 out_shardings=parallel.replicated(mesh))
-  state = init(jax.random.PRNGKey(config.train.seed))
+  init = jax.jit(_init_fn(config, spec, tx), out_shardings=parallel.replicated(mesh))
+  rng = jax.random.PRNGKey(config.train.seed)
+  state = init.lower(rng).compile(compiler_options=_init_compiler_options())(rng)
   path = config.model.get('clip_weights')
   if path:
     _, clip_params = clip_weights.load(path)

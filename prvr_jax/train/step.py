@@ -1,6 +1,7 @@
 """The jitted train step: objective, gradients, update; per-step RNG by `fold_in`."""
 
 from collections.abc import Callable
+from concurrent import futures
 from typing import Any
 
 import jax
@@ -53,3 +54,19 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
 
   replicated = parallel.replicated(mesh)
   return jax.jit(step, out_shardings=(replicated, replicated), donate_argnums=0)
+
+
+def compile_ahead(step: Any, state: Any, batch: dict[str, jax.Array], epoch: jax.Array
+                  ) -> futures.Future:
+  """Traces and lowers the jitted `step` (`make_train_step`) for arguments like these (arrays or
+  `jax.ShapeDtypeStruct`s with their shardings) here, and compiles it, or loads it from the
+  persistent cache, in a background thread -> a Future of the compiled step.
+
+  XLA releases the GIL while it compiles or loads, so the start-up's Python work (the state's
+  init, the evaluator) runs beside it. The compiled step takes arguments of exactly these
+  shapes and shardings, as every training batch has, and raises on others."""
+  lowered = step.trace(state, batch, epoch).lower()
+  executor = futures.ThreadPoolExecutor(1, thread_name_prefix='compile_train_step')
+  compiled = executor.submit(lowered.compile)
+  executor.shutdown(wait=False)
+  return compiled

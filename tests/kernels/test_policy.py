@@ -73,7 +73,7 @@ def test_the_train_step_traces_its_objective_under_the_policy(monkeypatch):
   spec = registry.get_spec('gmmformer')
   mesh = support.data_mesh(1)
   tx, schedule = train.make_model_optimizer(config, spec, total_steps=10)
-  state = jax.eval_shape(lambda: train.create_train_state(config, spec, tx, mesh))  # traced only
+  state = train.abstract_train_state(config, spec, tx, mesh)
   batch = parallel.shard_global_view(models.random_batch(
       config.model, np.random.default_rng(0), (9, 5), (4, 6, 3, 5), queries_per_video=2), mesh)
 

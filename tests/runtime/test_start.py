@@ -60,3 +60,23 @@ def test_seconds_since_process_start_counts_this_process():
   child = float(subprocess.run([sys.executable, '-c', code], check=True, capture_output=True,
                                text=True).stdout)
   assert 0.28 <= child < 120
+
+
+def test_a_program_writes_its_metrics_without_importing_keras(tmp_path):
+  """`runtime.run` sets `IMPORT_ENVIRONMENT`: the data pipeline's TensorFlow and the metric
+  writer's event files then load without Keras (and what Keras pulls in)."""
+  code = ('import sys\nfrom prvr_jax import runtime\n'
+          'def main(argv):\n'
+          '  from prvr_jax.data import pipeline\n'
+          '  from prvr_jax.train import logs\n'
+          f'  writer = logs.MetricWriter({str(tmp_path)!r}, enabled=True)\n'
+          '  writer.write(1, "train", {"loss": 1.0})\n'
+          '  writer.close()\n'
+          '  print(sorted(m for m in ("keras", "tensorflow") if m in sys.modules))\n'
+          'runtime.run(main, huge_pages=False)\n')
+  env = {k: v for k, v in os.environ.items() if k not in runtime.IMPORT_ENVIRONMENT}
+  env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  out = subprocess.run([sys.executable, '-c', code], check=True, capture_output=True, text=True,
+                       env=env).stdout
+  assert out.strip().splitlines()[-1] == "['tensorflow']"
+  assert len(os.listdir(tmp_path / 'tensorboard')) == 1  # the event file
