@@ -64,7 +64,8 @@ def compile_ahead(step: Any, state: Any, batch: dict[str, jax.Array], epoch: jax
 
   XLA releases the GIL while it compiles or loads, so the start-up's Python work (the state's
   init, the evaluator) runs beside it. The compiled step takes arguments of exactly these
-  shapes and shardings, as every training batch has, and raises on others."""
+  shapes and shardings, as every training batch has, and raises on others. A process that
+  fails before it asks for the result exits once the compile is done."""
   lowered = step.trace(state, batch, epoch).lower()
   executor = futures.ThreadPoolExecutor(1, thread_name_prefix='compile_train_step')
   compiled = executor.submit(lowered.compile)
