@@ -16,12 +16,12 @@ def test_the_init_compiled_for_start_up_gives_the_default_compiles_state_bit_for
     monkeypatch):
   """`create_train_state` compiles its one-off init with `INIT_COMPILER_OPTIONS` (on CPUs
   LLVM's level 1, where XLA_FLAGS does not set a level; this suite's does): every leaf equals
-  that of the init compiled at XLA's default level (3) exactly. (GMMFormer: at level 0 some of
-  its parameters differ in the last bit.)"""
+  that of the init compiled at XLA's default level (3) exactly. (AMDNet: at level 0 some of its
+  parameters differ in the last bit.)"""
   monkeypatch.setenv('XLA_FLAGS', re.sub(r'--xla_backend_optimization_level=\S+', '',
                                          os.environ.get('XLA_FLAGS', '')))
-  config = support.load_config('gmmformer', 'tiny')
-  spec, mesh = models.get_spec('gmmformer'), parallel.make_mesh()
+  config = support.load_config('amdnet', 'tiny')
+  spec, mesh = models.get_spec('amdnet'), parallel.make_mesh()
   tx, _ = train.make_model_optimizer(config, spec, total_steps=10)
   state = train.create_train_state(config, spec, tx, mesh)
   rng = jax.random.PRNGKey(config.train.seed)
