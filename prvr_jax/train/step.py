@@ -58,9 +58,9 @@ def make_train_step(config: ml_collections.ConfigDict, spec: ModelSpec,
 
 def compile_ahead(step: Any, state: Any, batch: dict[str, jax.Array], epoch: jax.Array
                   ) -> futures.Future:
-  """Traces and lowers the jitted `step` (`make_train_step`) for arguments like these (arrays or
-  `jax.ShapeDtypeStruct`s with their shardings) here, and compiles it, or loads it from the
-  persistent cache, in a background thread -> a Future of the compiled step.
+  """Traces and lowers the jitted `step` (`make_train_step`) for arguments like these (arrays,
+  or `jax.ShapeDtypeStruct` leaves, with their shardings) here, and compiles it, or loads it
+  from the persistent cache, in a background thread -> a Future of the compiled step.
 
   XLA releases the GIL while it compiles or loads, so the start-up's Python work (the state's
   init, the evaluator) runs beside it. The compiled step takes arguments of exactly these

@@ -41,8 +41,8 @@ def test_the_abstract_state_is_the_inits_without_a_trace_of_the_model(monkeypatc
   config = support.load_config('gmmformer', 'tiny')
   spec, mesh = models.get_spec('gmmformer'), parallel.make_mesh()
   tx, _ = train.make_model_optimizer(config, spec, total_steps=10)
-  expected = jax.eval_shape(state_lib._init_fn(config, spec, tx),  # pylint: disable=protected-access
-                            jax.random.PRNGKey(0))
+  init = state_lib._init_fn(config, spec, tx)  # pylint: disable=protected-access
+  expected = jax.eval_shape(init, jax.random.PRNGKey(0))
   spec.param_shapes(config.model)  # traced (or cached) here, not below
   traced = []
   monkeypatch.setattr(type(spec), 'init_params', lambda *args: traced.append(args))
