@@ -313,9 +313,9 @@ def _start_steps(config: ml_collections.ConfigDict, spec: ModelSpec, mesh: Mesh,
   background (`step.compile_ahead`)."""
   batches = shards.train_batches(step, mesh)
   first = next(batches)
-  train_step = compile_ahead(make_train_step(config, spec, tx, schedule, mesh), state, first,
-                             np.int32(0))
-  return train_step, itertools.chain([first], batches)
+  compiled = compile_ahead(make_train_step(config, spec, tx, schedule, mesh), state, first,
+                           np.int32(0))
+  return compiled, itertools.chain([first], batches)
 
 
 def _train_epochs(config: ml_collections.ConfigDict, compiled_step: futures.Future,
