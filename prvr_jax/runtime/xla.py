@@ -17,10 +17,16 @@ DEFAULTS = {'xla_gpu_enable_triton_gemm': 'false'}
 ENV = 'XLA_FLAGS'
 
 
+def sets(name: str, xla_flags: str | None = None) -> bool:
+  """Whether `xla_flags` (an `XLA_FLAGS` value; None: the environment's) sets `--name`."""
+  xla_flags = os.environ.get(ENV, '') if xla_flags is None else xla_flags
+  return re.search(rf'--{name}(=|\s|$)', xla_flags) is not None
+
+
 def with_defaults(xla_flags: str) -> str:
   """`xla_flags` (an `XLA_FLAGS` value) with every `DEFAULTS` flag it does not set appended."""
   missing = [f'--{name}={value}' for name, value in DEFAULTS.items()
-             if not re.search(rf'--{name}(=|\s|$)', xla_flags)]
+             if not sets(name, xla_flags)]
   return ' '.join([xla_flags.strip(), *missing]).strip()
 
 

@@ -1,6 +1,5 @@
 """The train state, the optimiser of a config, and the state's (sharded) construction."""
 
-import os
 from typing import Any
 
 from flax import struct
@@ -13,6 +12,7 @@ import optax
 from prvr_jax import optim
 from prvr_jax.clip import weights as clip_weights
 from prvr_jax import parallel
+from prvr_jax.runtime import xla
 from prvr_jax.models.spec import ModelSpec, match_paths
 
 
@@ -79,8 +79,7 @@ INIT_COMPILER_OPTIONS = {'cpu': {'xla_backend_optimization_level': 1}}
 
 def _init_compiler_options() -> dict[str, Any] | None:
   options = INIT_COMPILER_OPTIONS.get(jax.default_backend(), {})
-  xla_flags = os.environ.get('XLA_FLAGS', '')
-  return {k: v for k, v in options.items() if f'--{k}=' not in xla_flags} or None
+  return {k: v for k, v in options.items() if not xla.sets(k)} or None
 
 
 def create_train_state(config: ml_collections.ConfigDict, spec: ModelSpec,
